@@ -1,0 +1,39 @@
+"""Worker API paths and wire limits, shared by the agent and the server's URL configuration."""
+
+from __future__ import annotations
+
+API_PREFIX = "/api/v1/worker/"
+
+ENROLL = API_PREFIX + "enroll"
+ROTATE_KEY = API_PREFIX + "credential/rotate"
+SESSION_REGISTER = API_PREFIX + "session/register"
+SESSION_HEARTBEAT = API_PREFIX + "session/heartbeat"
+SESSION_DRAIN = API_PREFIX + "session/drain"
+SESSION_OFFLINE = API_PREFIX + "session/offline"
+CLAIM = API_PREFIX + "claim"
+LEASE_STARTING = API_PREFIX + "lease/starting"
+LEASE_RUNNING = API_PREFIX + "lease/running"
+LEASE_START_FAILED = API_PREFIX + "lease/start-failed"
+LEASE_RENEW = API_PREFIX + "lease/renew"
+LEASE_RELEASE = API_PREFIX + "lease/release"
+LEASE_COMPLETE = API_PREFIX + "lease/complete"
+
+#: Request body limits in bytes, enforced before parsing (413 ``body_too_large``).
+#: Registration carries the 16 KiB snapshot plus envelope; completion carries two output tails.
+BODY_LIMITS = {
+    SESSION_REGISTER: 20 * 1024,
+    LEASE_COMPLETE: 24 * 1024,
+}
+DEFAULT_BODY_LIMIT = 4 * 1024
+
+#: Output tails sent with a completion (bytes of UTF-8 after replacement of invalid sequences).
+OUTPUT_TAIL_BYTES = 8 * 1024
+#: Most offers one claim request may ask for.
+MAX_OFFERS_PER_CLAIM = 8
+#: Exit status of `qinglong-worker run` when its session was fenced (superseded, expired,
+#: offline): the supervisor should start a fresh process, which registers a new session.
+EXIT_FENCED = 3
+#: Exit status when the credential is refused (revoked, re-enrolled): do not restart in a loop.
+EXIT_CREDENTIAL_REFUSED = 4
+#: Exit status when a drain timed out or the final offline call failed (ADR-0012 §5.6).
+EXIT_SHUTDOWN_FAILED = 5

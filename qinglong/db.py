@@ -1,0 +1,120 @@
+"""Transactions, the database clock and bounded retry for the two storage profiles (ADR-0012 §6).
+
+Every public write path is decorated with :func:`write_path`: it runs the function in exactly one
+``transaction.atomic(durable=True)`` and retries the *whole* transaction, with jittered backoff,
+when the store reports a transient race:
+
+* SQLite (standalone): ``database is locked`` after the busy timeout. Transactions begin
+  IMMEDIATE (settings), so writers are serialised and a read-check-write cannot interleave.
+* PostgreSQL (cluster-control): deadlock and serialization failures. A lock wait longer than the
+  connection's ``lock_timeout`` is not retried: it surfaces as ``lock_timeout`` (503).
+
+After the retry budget the caller gets ``storage_busy`` (503) — never a 500.
+
+A service that must *commit* an audit row and still refuse the request returns
+``Refusal(error)``; the decorator commits, then raises the error.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import ParamSpec, TypeVar
+
+from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from .conf import protocol
+from .errors import DomainError
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# PostgreSQL SQLSTATEs that mean "the same transaction may well succeed if run again".
+_PG_RETRYABLE = {"40001", "40P01"}  # serialization_failure, deadlock_detected
+_PG_LOCK_NOT_AVAILABLE = "55P03"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Returned by a service body to commit what it wrote (an audit row) and then raise ``error``."""
+
+    error: DomainError
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for store errors that a fresh run of the same transaction may not hit again."""
+    if connection.vendor == "sqlite":
+        return isinstance(exc, OperationalError) and "locked" in str(exc)
+    if isinstance(exc, DatabaseError):
+        return _sqlstate(exc) in _PG_RETRYABLE
+    return False
+
+
+def write_path(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run ``fn`` as one durable transaction with a bounded, jittered retry on transient races.
+
+    Errors raised: whatever ``fn`` raises; ``DomainError("storage_busy")`` once the retries
+    (``QINGLONG_SQLITE_BUSY_RETRIES``) are spent; ``DomainError("lock_timeout")`` when PostgreSQL
+    refuses a lock after ``lock_timeout``.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        retrying = Retrying(
+            stop=stop_after_attempt(max(1, protocol().sqlite_busy_retries)),
+            wait=wait_random_exponential(multiplier=0.02, max=0.5),
+            retry=retry_if_exception(is_transient),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    with transaction.atomic(durable=True):
+                        outcome = fn(*args, **kwargs)
+        except OperationalError as exc:
+            if _sqlstate(exc) == _PG_LOCK_NOT_AVAILABLE:
+                raise DomainError("lock_timeout", "a row lock was not granted in time; retry") from exc
+            if is_transient(exc):
+                log.warning("storage busy after retries in %s", fn.__qualname__)
+                raise DomainError("storage_busy", "the database is busy; retry", retry_after=1) from exc
+            raise
+        except DatabaseError as exc:
+            if is_transient(exc):
+                raise DomainError("storage_busy", "the database is busy; retry", retry_after=1) from exc
+            raise
+        if isinstance(outcome, Refusal):
+            raise outcome.error
+        return outcome
+
+    return wrapper
+
+
+def db_now() -> datetime:
+    """The database's clock as an aware UTC datetime (ADR-0012 §3, PRODUCT invariant 7).
+
+    PostgreSQL: ``statement_timestamp()`` — call it *after* taking the transaction's row locks,
+    so a lock wait cannot make lease times stale. SQLite: the single process's clock as SQLite
+    reports it. Worker clocks are never used for lease decisions.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT statement_timestamp()")
+            return cursor.fetchone()[0]
+        cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+        return datetime.fromisoformat(cursor.fetchone()[0]).replace(tzinfo=UTC)
+
+
+def is_unique_violation(exc: IntegrityError) -> bool:
+    """True when an IntegrityError is a unique-constraint race (for callers that map it)."""
+    return _sqlstate(exc) == "23505" or "UNIQUE constraint failed" in str(exc)

@@ -1,0 +1,240 @@
+"""Django settings for the QingLong control plane.
+
+Everything a platform engineer sets comes from the environment (django-environ); the defaults
+give the zero-setup *standalone* profile: one control-plane process on an embedded SQLite file.
+``QINGLONG_PROFILE=cluster-control`` selects the multi-replica profile (PostgreSQL, Redis cache
+and nonce store, Celery beat sweeps); ``qinglong.checks`` refuses a cluster profile on SQLite or
+on a per-process cache.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(environ.Env().str("QINGLONG_VAR_DIR", default=str(BASE_DIR / "var")))
+
+env = environ.Env()
+if (BASE_DIR / ".env").exists():
+    environ.Env.read_env(BASE_DIR / ".env")
+
+PROFILES = ("standalone", "cluster-control")
+QINGLONG_PROFILE = env.str("QINGLONG_PROFILE", default="standalone")
+if QINGLONG_PROFILE not in PROFILES:
+    raise ImproperlyConfigured(
+        f"QINGLONG_PROFILE={QINGLONG_PROFILE!r} is not a known profile; use one of {', '.join(PROFILES)}"
+    )
+CLUSTER = QINGLONG_PROFILE == "cluster-control"
+
+
+def _secret_key() -> str:
+    """The cluster profile must be given a key; standalone keeps one in VAR_DIR (mode 0600)."""
+    configured = env.str("DJANGO_SECRET_KEY", default="")
+    if configured:
+        return configured
+    if CLUSTER:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set in the cluster-control profile")
+    path = VAR_DIR / "secret-key"
+    if not path.exists():
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_ratelimit",
+    "qinglong",
+    "audit",
+    "workers",
+    "runs",
+    "placement",
+    "leases",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "qinglong.api.middleware.BodyLimitMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "qinglong.urls"
+WSGI_APPLICATION = "qinglong.wsgi.application"
+ASGI_APPLICATION = "qinglong.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- storage -----------------------------------------------------------------------------------
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'qinglong.sqlite3'}"),
+}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # One writer at a time: every transaction.atomic() begins IMMEDIATE, so a read-check-write
+    # inside it cannot interleave with another writer; `timeout` is SQLite's busy timeout
+    # (seconds) and qinglong.db.retry_on_busy adds a bounded, jittered retry above it.
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": env.float("QINGLONG_SQLITE_BUSY_TIMEOUT_SECONDS", default=5.0),
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
+        }
+    )
+    # Tests use a real file (WAL, separate connections) rather than a shared in-memory database.
+    _db["TEST"] = {"NAME": str(VAR_DIR / "test-qinglong.sqlite3")}
+    if _db["NAME"] != ":memory:":
+        Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+elif _db["ENGINE"] in ("django.db.backends.postgresql",):
+    _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+    # A claim or transition blocked behind a held row lock waits this long, then fails with the
+    # `lock_timeout` code (qinglong.db.write_path) instead of hanging a worker request.
+    _db["OPTIONS"]["options"] = f"-c lock_timeout={env.int('QINGLONG_PG_LOCK_TIMEOUT_MS', default=5000)}"
+    _db["CONN_MAX_AGE"] = env.int("QINGLONG_DB_CONN_MAX_AGE", default=60)
+    _db["CONN_HEALTH_CHECKS"] = True
+else:
+    raise ImproperlyConfigured(f"DATABASE_URL selects {_db['ENGINE']}; only SQLite and PostgreSQL are supported")
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- caches: rate limits, replay nonces, credential keys -----------------------------------------
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+if CLUSTER or env.bool("QINGLONG_SHARED_CACHE", default=False):
+    _shared = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    CACHES = {"default": {**_shared, "KEY_PREFIX": "ql"}}
+else:
+    # standalone is one control-plane process: a per-process cache is the whole truth there.
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "qinglong"}}
+RATELIMIT_USE_CACHE = "default"
+RATELIMIT_VIEW = None
+SILENCED_SYSTEM_CHECKS = [
+    # django-ratelimit only knows django_redis; Django's own RedisCache increments atomically,
+    # and the locmem cache is shared by everything in the single standalone process.
+    # qinglong.checks refuses locmem in the cluster profile.
+    "django_ratelimit.E003",
+    "django_ratelimit.W001",
+]
+
+# --- Celery (cluster profile: beat runs the sweeps) --------------------------------------------
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "sweep-cycle": {
+        "task": "qinglong.tasks.sweep_cycle",
+        "schedule": env.float("QINGLONG_SWEEP_INTERVAL_SECONDS", default=5.0),
+    },
+}
+
+# --- auth, i18n, static ------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise serves the admin's files from the finders
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- REST framework ------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_PARSER_CLASSES": ["qinglong.api.parsers.StrictJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # Nothing is open by default: every view names its authentication and permission.
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "qinglong.api.exceptions.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": [],
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "QingLong remote worker control plane",
+    "DESCRIPTION": "Worker API (RFC 9421 signed, see docs/protocol.md) and operator API (staff token).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {},
+}
+
+# --- protocol timings and limits (qinglong.conf reads these; units in the names) ----------------
+_profile_defaults = {
+    "standalone": {"session_ttl": 30, "heartbeat": 10, "run_lease_ttl": 30, "dispatch_timeout": 30},
+    "cluster-control": {"session_ttl": 45, "heartbeat": 15, "run_lease_ttl": 60, "dispatch_timeout": 60},
+}[QINGLONG_PROFILE]
+QINGLONG = {
+    "SESSION_LEASE_SECONDS": env.int("QINGLONG_SESSION_LEASE_SECONDS", default=_profile_defaults["session_ttl"]),
+    "HEARTBEAT_INTERVAL_SECONDS": env.int(
+        "QINGLONG_HEARTBEAT_INTERVAL_SECONDS", default=_profile_defaults["heartbeat"]
+    ),
+    "HEARTBEAT_JITTER_RATIO": env.float("QINGLONG_HEARTBEAT_JITTER_RATIO", default=0.1),
+    "RUN_LEASE_SECONDS": env.int("QINGLONG_RUN_LEASE_SECONDS", default=_profile_defaults["run_lease_ttl"]),
+    "DISPATCH_TIMEOUT_SECONDS": env.int(
+        "QINGLONG_DISPATCH_TIMEOUT_SECONDS", default=_profile_defaults["dispatch_timeout"]
+    ),
+    "CLAIM_POLL_SECONDS": env.float("QINGLONG_CLAIM_POLL_SECONDS", default=1.0),
+    "TAKEOVERS_PER_MINUTE": env.int("QINGLONG_TAKEOVERS_PER_MINUTE", default=6),
+    "SIGNATURE_WINDOW_SECONDS": env.int("QINGLONG_SIGNATURE_WINDOW_SECONDS", default=60),
+    "ENROLLMENT_TOKEN_TTL_SECONDS": env.int("QINGLONG_ENROLLMENT_TOKEN_TTL_SECONDS", default=24 * 3600),
+    "ROTATION_GRACE_SECONDS": env.int("QINGLONG_ROTATION_GRACE_SECONDS", default=300),
+    "CREDENTIAL_CACHE_SECONDS": env.int("QINGLONG_CREDENTIAL_CACHE_SECONDS", default=30),
+    "SQLITE_BUSY_RETRIES": env.int("QINGLONG_SQLITE_BUSY_RETRIES", default=4),
+    "DISPATCH_HOLD_SECONDS": env.float("QINGLONG_DISPATCH_HOLD_SECONDS", default=10.0),
+    "RATE_WORKER": env.str("QINGLONG_RATE_WORKER", default="600/m"),
+    "RATE_ENROLL": env.str("QINGLONG_RATE_ENROLL", default="10/m"),
+    "SWEEP_BATCH": env.int("QINGLONG_SWEEP_BATCH", default=64),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("QINGLONG_LOG_LEVEL", default="INFO")},
+    "loggers": {"django.request": {"level": "ERROR"}, "waitress": {"level": "WARNING"}},
+}
