@@ -1,0 +1,48 @@
+"""The append-only event and audit table (ADR-0012 §4 "explainable", SIBLINGS §1 event catalogue).
+
+Every state transition of a session, credential, run, attempt or lease writes one row here in the
+same transaction. Rows hold identifiers and low-cardinality facts only (reason codes, category
+counts, small numbers) — never label sets, commands, tokens or anything secret-like
+(``audit.recorder`` enforces the shape). Identifiers are plain UUID columns rather than foreign
+keys so that the log outlives what it describes and never blocks a delete.
+"""
+
+from django.db import models
+from django.db.models.functions import Now
+
+
+class ActorType(models.TextChoices):
+    WORKER = "worker"
+    OPERATOR = "operator"
+    API_APP = "api_app"
+    SYSTEM = "system"
+    RECONCILER = "reconciler"
+
+
+class Event(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    kind = models.CharField(max_length=48)
+    actor_type = models.CharField(max_length=16, choices=ActorType.choices)
+    actor = models.CharField(max_length=150, blank=True, default="")
+    worker_id = models.UUIDField(null=True, blank=True)
+    session_id = models.UUIDField(null=True, blank=True)
+    run_id = models.UUIDField(null=True, blank=True)
+    attempt_id = models.UUIDField(null=True, blank=True)
+    lease_id = models.UUIDField(null=True, blank=True)
+    run_sequence = models.PositiveBigIntegerField(null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["worker_id", "kind", "created_at"], name="event_worker_kind_time"),
+            models.Index(fields=["run_id", "id"], name="event_run"),
+            models.Index(fields=["kind", "created_at"], name="event_kind_time"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(actor_type__in=ActorType.values), name="event_actor_type_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.id}"

@@ -1,0 +1,57 @@
+"""Writing event rows. Called only from inside a service's transaction; opens none of its own."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from .models import ActorType, Event
+
+#: Values an event's ``data`` may hold: short strings (codes, categories), numbers, booleans,
+#: or one level of {category: count}. Anything else is a programming error.
+_MAX_TEXT = 64
+
+
+def _check(data: dict[str, Any]) -> None:
+    for key, value in data.items():
+        if isinstance(value, dict):
+            if not all(isinstance(k, str) and type(v) is int for k, v in value.items()) or len(value) > 16:
+                raise ValueError(f"event data {key!r} must be a small {{category: count}} map")
+        elif isinstance(value, str):
+            if len(value) > _MAX_TEXT:
+                raise ValueError(f"event data {key!r} is longer than {_MAX_TEXT} characters")
+        elif value is not None and not isinstance(value, bool | int | float):
+            raise ValueError(f"event data {key!r} must be a scalar, not {type(value).__name__}")
+
+
+def record(
+    kind: str,
+    *,
+    actor_type: ActorType | str,
+    actor: str = "",
+    worker_id: uuid.UUID | None = None,
+    session_id: uuid.UUID | None = None,
+    run_id: uuid.UUID | None = None,
+    attempt_id: uuid.UUID | None = None,
+    lease_id: uuid.UUID | None = None,
+    run_sequence: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> Event:
+    """Append one event row (``kind`` like ``session.replaced``; ``data`` low-cardinality only).
+
+    Raises ValueError if ``data`` holds anything but short scalars or a {category: count} map.
+    """
+    data = data or {}
+    _check(data)
+    return Event.objects.create(
+        kind=kind,
+        actor_type=actor_type,
+        actor=actor[:150],
+        worker_id=worker_id,
+        session_id=session_id,
+        run_id=run_id,
+        attempt_id=attempt_id,
+        lease_id=lease_id,
+        run_sequence=run_sequence,
+        data=data,
+    )

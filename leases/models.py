@@ -1,0 +1,84 @@
+"""Run dispatch leases: the only authority for a worker to execute one run attempt (ADR-0012 §3).
+
+A lease binds one attempt to one worker session and generation, with a worker-generated offer
+id and fencing token (stored only as its SHA-256 digest), a per-attempt ``lease_generation``, a
+``version`` bumped by renewals, an expiry taken from the database clock, and the completion
+sequence/digest that makes a resent completion an exact replay. At most one lease per attempt is
+ever active (a partial unique index).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from protocol.ids import uuid7
+
+
+class LeaseState(models.TextChoices):
+    LEASED = "leased"
+    COMPLETED = "completed"
+    RELEASED = "released"
+
+
+class ReleaseReason(models.TextChoices):
+    WORKER_RELEASE = "worker_release"  # the worker handed back an unstarted attempt
+    DISPATCH_TIMEOUT = "dispatch_timeout"  # no starting ACK before the lease lapsed
+    LEASE_EXPIRED = "lease_expired"  # a started attempt's lease lapsed: the attempt is lost
+    SESSION_REPLACED = "session_replaced"
+    SESSION_EXPIRED = "session_expired"
+    SESSION_OFFLINE = "session_offline"  # operator forced the session offline
+    WORKER_REVOKED = "worker_revoked"
+    CANCELLED = "cancelled"  # cancellation settled a lease whose worker vanished
+
+
+class RunDispatchLease(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    attempt = models.ForeignKey("runs.RunAttempt", on_delete=models.CASCADE, related_name="leases")
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="leases")
+    worker = models.ForeignKey("workers.Worker", on_delete=models.CASCADE, related_name="leases")
+    session = models.ForeignKey("workers.WorkerSession", on_delete=models.CASCADE, related_name="leases")
+    session_generation = models.PositiveBigIntegerField(editable=False)
+    lease_generation = models.PositiveIntegerField(editable=False)
+    offer_id = models.UUIDField(editable=False)
+    token_digest = models.CharField(max_length=64, unique=True, editable=False)
+    version = models.PositiveIntegerField(default=0, editable=False)
+    state = models.CharField(max_length=16, choices=LeaseState.choices, default=LeaseState.LEASED, editable=False)
+    release_reason = models.CharField(max_length=24, choices=ReleaseReason.choices, blank=True, default="")
+    expires_at = models.DateTimeField(editable=False)
+    #: SHA-256 of the execution spec sent with the offer; a replayed claim must rebuild the same.
+    spec_sha256 = models.CharField(max_length=64, editable=False)
+    claimed_at = models.DateTimeField(editable=False)
+    starting_at = models.DateTimeField(null=True, blank=True, editable=False)
+    running_at = models.DateTimeField(null=True, blank=True, editable=False)
+    ended_at = models.DateTimeField(null=True, blank=True, editable=False)
+    completion_sequence = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    completion_sha256 = models.CharField(max_length=64, blank=True, default="", editable=False)
+    completion_outcome = models.CharField(max_length=16, blank=True, default="", editable=False)
+
+    class Meta:
+        ordering = ["-claimed_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=LeaseState.values), name="lease_state_valid"),
+            models.UniqueConstraint(
+                fields=["attempt"], condition=Q(state=LeaseState.LEASED), name="one_active_lease_per_attempt"
+            ),
+            models.UniqueConstraint(fields=["attempt", "lease_generation"], name="lease_generation_unique"),
+            models.UniqueConstraint(fields=["worker", "offer_id"], name="lease_offer_unique"),
+            models.CheckConstraint(
+                condition=~Q(state=LeaseState.RELEASED) | ~Q(release_reason=""), name="released_lease_has_reason"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=LeaseState.COMPLETED) | Q(completion_sequence__isnull=False)
+                | ~Q(completion_outcome=""),
+                name="completed_lease_has_outcome",
+            ),
+            models.CheckConstraint(condition=Q(lease_generation__gte=1), name="lease_generation_positive"),
+        ]
+        indexes = [
+            models.Index(fields=["expires_at"], condition=Q(state=LeaseState.LEASED), name="lease_active_expiry"),
+            models.Index(fields=["session", "state"], name="lease_session_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"lease {self.attempt_id} g{self.lease_generation}"

@@ -1,0 +1,652 @@
+"""Run lease write paths: claim, activation ACKs, renew, release, completion, expiry (ADR-0012 §3).
+
+Every function is one transaction (``qinglong.db.write_path``). Each locks the worker row, reads
+the database clock after the lock, passes the session fence (``workers.fence``), then — for
+paths that move an attempt or run — locks the run row (order: worker → run → attempt → lease)
+and checks the lease fence: the presented token against the stored digest (constant time), the
+lease generation, the session and generation that claimed it, its state and its expiry. A
+refused call writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import rfc8785
+from django.db.models import F
+
+from audit.models import ActorType
+from audit.recorder import record
+from placement.matching import match
+from placement.selectors import LiveWorker, live_workers, parse_capabilities, parse_placement
+from qinglong.conf import protocol
+from qinglong.db import db_now, write_path
+from qinglong.errors import DomainError
+from runs.locks import lock_run, try_lock_run
+from runs.models import Run, RunAttempt
+from runs.outcomes import conclude_attempt
+from runs.selectors import dispatch_queue_page
+from runs.states import AttemptState, RunState
+from runs.transitions import bump_run, move_attempt, move_run, update_attempt
+from workers.fence import Purpose, fence_session
+from workers.locks import lock_worker
+from workers.models import SessionState, Worker, WorkerSession
+
+from .models import LeaseState, ReleaseReason, RunDispatchLease
+from .offers import Offer, execution_spec, spec_sha256
+from .settlement import settle_lease
+from .tokens import token_digest, token_matches
+
+#: Keyset pages of the dispatch queue one claim may scan (64 attempts each).
+CLAIM_MAX_PAGES = 4
+
+
+def _renew_interval() -> int:
+    """Workers renew at the lease's midpoint (RFC §7.6), at least every second."""
+    return max(1, protocol().run_lease_seconds // 2)
+
+
+@dataclass(frozen=True)
+class OfferRequest:
+    """A worker's request for one offer: its own offer id (UUID) and lease token (≥128 bits)."""
+
+    offer_id: uuid.UUID
+    lease_token: str
+
+
+# --- claim ---------------------------------------------------------------------------------------
+
+
+class _Ranking:
+    """Whether a better-ranked live worker with a free slot should get a candidate instead.
+
+    Placement orders candidates by (score desc, free slots desc, worker id asc). In a pull
+    model the claimer is whoever asks first, so a claimer *defers* a fresh attempt to a strictly
+    better-ranked live worker that has a free slot (and therefore polls too). An attempt that has
+    waited longer than ``DISPATCH_HOLD_SECONDS`` goes to any eligible claimer, so a better worker
+    that stopped polling delays work by at most that long.
+    """
+
+    def __init__(self, worker: Worker, free_slots: int, now: datetime) -> None:
+        self.worker_id = str(worker.pk)
+        self.free_slots = free_slots
+        self.now = now
+        self.hold = timedelta(seconds=protocol().dispatch_hold_seconds)
+        self._others: list[LiveWorker] | None = None
+        self._best: dict[str, tuple[int, int, str] | None] = {}
+
+    def others(self) -> list[LiveWorker]:
+        if self._others is None:
+            self._others = [w for w in live_workers(now=self.now) if str(w.worker_id) != self.worker_id]
+        return self._others
+
+    def defer(self, attempt: RunAttempt, placement_sha: str, placement: dict, score: int) -> bool:
+        if attempt.ready_at <= self.now - self.hold or not self.others():
+            return False
+        if placement_sha not in self._best:
+            ranks = [
+                (-m.score, -w.free_slots, str(w.worker_id))
+                for w in self.others()
+                if w.free_slots > 0 and (m := match(w.capabilities, placement)).eligible
+            ]
+            self._best[placement_sha] = min(ranks) if ranks else None
+        best = self._best[placement_sha]
+        return best is not None and best < (-score, -self.free_slots, self.worker_id)
+
+
+def _queue(now: datetime) -> Iterator[RunAttempt]:
+    cursor = None
+    for _ in range(CLAIM_MAX_PAGES):
+        page = dispatch_queue_page(now=now, after=cursor)
+        yield from page
+        if len(page) < 64:
+            return
+        last = page[-1]
+        cursor = (last.priority, last.ready_at, last.pk)
+
+
+def _replay(lease: RunDispatchLease, request: OfferRequest, session: WorkerSession, index: int,
+            now: datetime) -> Offer:
+    if not token_matches(request.lease_token, lease.token_digest) or lease.session_id != session.pk:
+        raise DomainError(
+            "lease_offer_conflict", "this offer id was claimed with another token or session",
+            field=f"offers[{index}].offerId",
+        )
+    _require_active(lease, now, field=f"offers[{index}].offerId")
+    spec = execution_spec(lease.run, lease.attempt)
+    return Offer(lease=lease, execution=spec, status="idempotent", renew_interval_seconds=_renew_interval())
+
+
+def _create_lease(worker: Worker, session: WorkerSession, run: Run, attempt: RunAttempt, request: OfferRequest,
+                  now: datetime, score: int) -> Offer:
+    spec = execution_spec(run, attempt)
+    lease = RunDispatchLease.objects.create(
+        attempt=attempt,
+        run=run,
+        worker=worker,
+        session=session,
+        session_generation=session.generation,
+        lease_generation=attempt.lease_generation + 1,
+        offer_id=request.offer_id,
+        token_digest=token_digest(request.lease_token),
+        expires_at=now + timedelta(seconds=protocol().dispatch_timeout_seconds),
+        spec_sha256=spec_sha256(spec),
+        claimed_at=now,
+    )
+    update_attempt(
+        attempt,
+        lease_generation=lease.lease_generation,
+        lease_expires_at=lease.expires_at,
+        worker=worker,
+        session_id=session.pk,
+    )
+    facts = {"lease_generation": lease.lease_generation, "attempt": attempt.number, "score": score}
+    if run.state == RunState.QUEUED:
+        move_run(run, RunState.DISPATCHING, actor_type=ActorType.WORKER, actor=worker.name, data=facts)
+    else:  # the same attempt, dispatched again under a new lease generation
+        bump_run(run, "run.dispatching", actor_type=ActorType.WORKER, actor=worker.name, data=facts)
+    record(
+        "lease.claimed",
+        actor_type=ActorType.WORKER,
+        actor=worker.name,
+        worker_id=worker.pk,
+        session_id=session.pk,
+        run_id=run.pk,
+        attempt_id=attempt.pk,
+        lease_id=lease.pk,
+        data={"lease_generation": lease.lease_generation},
+    )
+    return Offer(lease=lease, execution=spec, status="claimed", renew_interval_seconds=_renew_interval())
+
+
+@write_path
+def lease_claim(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
+) -> list[Offer]:
+    """Atomically claim up to ``len(offers)`` runnable attempts for a worker session (worker pull).
+
+    ``offers``: 1–8 worker-generated (offer id, lease token). An offer id this worker already
+    claimed is replayed from the durable lease when the token and session match (same answer,
+    nothing written) and is a ``lease_offer_conflict`` otherwise. New offers are filled from the
+    dispatch queue (priority, FIFO, id; at most 4 pages of 64) with attempts whose pinned
+    placement the session's capabilities satisfy, never more than the session's free capacity
+    (min(max concurrency, available slots) − active leases, counted under the worker lock).
+    Each claim writes a lease (token digest only, expiry = DB now + dispatch timeout), the attempt's
+    fence projection (the attempt stays ``claimed``), run → dispatching, and events. An unstarted
+    attempt whose lease lapsed is taken over under a new lease generation. An empty list means no
+    work. Candidate hits are never claims: every attempt is re-checked under its run lock.
+
+    Raises: fence codes (``session_draining`` unless every offer is a replay),
+    ``capacity_exhausted``, ``lease_offer_conflict``, ``lease_released``/``lease_completed``/
+    ``lease_expired`` (a replayed offer whose lease ended), ``lock_timeout``.
+    """
+    worker = lock_worker(worker_id)
+    now = db_now()
+    session = fence_session(
+        worker, session_id=session_id, generation=generation, expected_version=None, now=now, purpose=Purpose.LEASE
+    )
+    answered: list[Offer] = []
+    fresh: list[tuple[int, OfferRequest]] = []
+    for index, request in enumerate(offers):
+        existing = (
+            RunDispatchLease.objects.select_related("run__revision", "attempt")
+            .filter(worker_id=worker.pk, offer_id=request.offer_id)
+            .first()
+        )
+        if existing is None:
+            fresh.append((index, request))
+        else:
+            answered.append(_replay(existing, request, session, index, now))
+    if not fresh:
+        return answered
+    if session.state == SessionState.DRAINING:
+        if answered:
+            return answered
+        raise DomainError("session_draining", "the session is draining and takes no new runs", field="sessionId")
+    active = RunDispatchLease.objects.filter(session_id=session.pk, state=LeaseState.LEASED).count()
+    free = min(session.max_concurrent_runs, session.available_slots) - active
+    if free <= 0:
+        if answered:
+            return answered
+        raise DomainError(
+            "capacity_exhausted",
+            f"the session holds {active} active lease(s) of {min(session.max_concurrent_runs, session.available_slots)}",
+            details={"activeLeases": active},
+        )
+    for index, request in fresh:
+        if RunDispatchLease.objects.filter(token_digest=token_digest(request.lease_token)).exists():
+            raise DomainError(
+                "lease_offer_conflict", "this lease token was already used", field=f"offers[{index}].leaseToken"
+            )
+
+    snapshot = parse_capabilities(session.capabilities_sha256, session.capabilities)
+    ranking = _Ranking(worker, free, now)
+    requests = iter(fresh)
+    wanted = min(free, len(fresh))
+    claimed: list[Offer] = []
+    for attempt in _queue(now):
+        if len(claimed) == wanted:
+            break
+        revision = attempt.run.revision
+        placement = parse_placement(revision.placement_sha256, revision.placement)
+        fit = match(snapshot, placement)
+        if not fit.eligible or ranking.defer(attempt, revision.placement_sha256, placement, fit.score):
+            continue
+        run = try_lock_run(attempt.run_id)
+        if run is None:
+            continue  # another claimer holds it; move on rather than queue behind it
+        attempt.refresh_from_db()
+        if (
+            attempt.state != AttemptState.CLAIMED
+            or run.cancel_requested_at is not None
+            or run.state not in (RunState.QUEUED, RunState.DISPATCHING)
+            or (attempt.lease_expires_at is not None and attempt.lease_expires_at > now)
+        ):
+            continue
+        if attempt.lease_expires_at is not None:
+            lapsed = RunDispatchLease.objects.filter(attempt_id=attempt.pk, state=LeaseState.LEASED).first()
+            if lapsed is not None:
+                settle_lease(lapsed, reason=ReleaseReason.DISPATCH_TIMEOUT, now=now,
+                             actor_type=ActorType.RECONCILER, expired_only=True)
+                attempt.refresh_from_db()
+                run.refresh_from_db()
+                if attempt.state != AttemptState.CLAIMED or run.state not in (RunState.QUEUED, RunState.DISPATCHING):
+                    continue
+        run.revision = revision
+        _, request = next(requests)
+        claimed.append(_create_lease(worker, session, run, attempt, request, now, fit.score))
+    return answered + claimed
+
+
+# --- the lease fence -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Fenced:
+    worker: Worker
+    session: WorkerSession
+    lease: RunDispatchLease
+    run: Run
+    attempt: RunAttempt
+    now: datetime
+
+
+def _require_active(lease: RunDispatchLease, now: datetime, field: str | None = None) -> None:
+    if lease.state == LeaseState.COMPLETED:
+        raise DomainError("lease_completed", "the run lease already completed", field=field)
+    if lease.state == LeaseState.RELEASED:
+        raise DomainError(
+            "lease_released", f"the run lease was released ({lease.release_reason})", field=field,
+            details={"reason": lease.release_reason},
+        )
+    if lease.expires_at <= now:
+        raise DomainError("lease_expired", "the run lease lapsed", field=field)
+
+
+def _fence(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
+    lease_token: str, lock_run_row: bool = True,
+) -> _Fenced:
+    worker = lock_worker(worker_id)
+    now = db_now()
+    session = fence_session(
+        worker, session_id=session_id, generation=generation, expected_version=None, now=now, purpose=Purpose.LEASE
+    )
+    lease = RunDispatchLease.objects.filter(
+        worker_id=worker.pk, attempt_id=attempt_id, lease_generation=lease_generation
+    ).first()
+    if lease is None:
+        if RunDispatchLease.objects.filter(attempt_id=attempt_id, worker_id=worker.pk).exists():
+            raise DomainError("lease_generation_mismatch", "no lease of this generation", field="leaseGeneration")
+        raise DomainError("lease_unknown", "no such run lease for this worker", field="attemptId")
+    run = lock_run(lease.run_id) if lock_run_row else Run.objects.get(pk=lease.run_id)
+    lease.refresh_from_db()
+    if not token_matches(lease_token, lease.token_digest):
+        raise DomainError("lease_token_mismatch", "the lease token does not match", field="leaseToken")
+    if lease.session_id != session.pk or lease.session_generation != generation:
+        raise DomainError("lease_session_mismatch", "the lease belongs to another session", field="sessionId")
+    attempt = RunAttempt.objects.get(pk=lease.attempt_id)
+    run.revision  # noqa: B018 - load the pinned revision once, for outcome decisions
+    return _Fenced(worker=worker, session=session, lease=lease, run=run, attempt=attempt, now=now)
+
+
+def _check_version(lease: RunDispatchLease, expected: int) -> None:
+    if lease.version != expected:
+        raise DomainError(
+            "lease_version_conflict",
+            f"expected lease version {expected}, the lease is at {lease.version}",
+            field="leaseVersion",
+            details={"currentVersion": lease.version},
+        )
+
+
+@dataclass(frozen=True)
+class AckResult:
+    """Answer to starting/running ACKs and renewals."""
+
+    status: str
+    lease: RunDispatchLease
+    cancel_requested: bool
+    renew_interval_seconds: int
+
+
+# --- activation ----------------------------------------------------------------------------------
+
+
+@write_path
+def lease_starting(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
+    lease_token: str, offer_id: uuid.UUID, lease_version: int,
+) -> AckResult:
+    """Starting ACK: the worker accepted the offer (SIBLINGS §3). Attempt claimed → starting.
+
+    The lease's expiry moves from the dispatch timeout to DB now + run lease TTL; its version does
+    not change (only renewals bump it). Repeating the ACK answers ``already_starting`` (or
+    ``already_running``) and writes nothing. ``cancel_requested`` tells the worker not to start.
+    Raises the fence codes, ``lease_offer_conflict``, ``lease_version_conflict``.
+    """
+    ctx = _fence(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
+                 lease_generation=lease_generation, lease_token=lease_token)
+    lease, attempt = ctx.lease, ctx.attempt
+    if lease.offer_id != offer_id:
+        raise DomainError("lease_offer_conflict", "the offer id does not match the lease", field="offerId")
+    _require_active(lease, ctx.now)
+    _check_version(lease, lease_version)
+    cancel = ctx.run.cancel_requested_at is not None
+    if attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
+        return AckResult(f"already_{attempt.state}", lease, cancel, _renew_interval())
+    move_attempt(attempt, AttemptState.STARTING, actor_type=ActorType.WORKER, actor=ctx.worker.name,
+                 data={"lease_generation": lease.lease_generation})
+    expires = ctx.now + timedelta(seconds=protocol().run_lease_seconds)
+    RunDispatchLease.objects.filter(pk=lease.pk, version=lease.version, state=LeaseState.LEASED).update(
+        starting_at=ctx.now, expires_at=expires
+    )
+    lease.starting_at, lease.expires_at = ctx.now, expires
+    return AckResult("starting", lease, cancel, _renew_interval())
+
+
+MAX_HANDLE = 512
+
+
+@write_path
+def lease_running(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
+    lease_token: str, offer_id: uuid.UUID, lease_version: int, pid: int, pgid: int | None, executor_handle: str,
+) -> AckResult:
+    """Running ACK: the executor owns a process (SIBLINGS §3). Attempt and run → running.
+
+    ``pid``/``pgid`` and ``executor_handle`` (≤512 characters, e.g. ``pid=41 pgid=41 start=…``)
+    are recorded; ``started_at`` is DB time. A repeated ACK with the same handle answers
+    ``already_running``; a different handle is ``executor_handle_mismatch``; without a prior
+    starting ACK it is ``attempt_not_started``. Raises the fence codes as ``lease_starting``.
+    """
+    if len(executor_handle) > MAX_HANDLE:
+        raise DomainError("validation_failed", f"at most {MAX_HANDLE} characters", field="executorHandle")
+    ctx = _fence(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
+                 lease_generation=lease_generation, lease_token=lease_token)
+    lease, attempt, run = ctx.lease, ctx.attempt, ctx.run
+    if lease.offer_id != offer_id:
+        raise DomainError("lease_offer_conflict", "the offer id does not match the lease", field="offerId")
+    _require_active(lease, ctx.now)
+    _check_version(lease, lease_version)
+    cancel = run.cancel_requested_at is not None
+    if attempt.state == AttemptState.RUNNING:
+        if (attempt.pid, attempt.pgid, attempt.executor_handle) != (pid, pgid, executor_handle):
+            raise DomainError("executor_handle_mismatch", "the attempt runs under another handle",
+                              field="executorHandle")
+        return AckResult("already_running", lease, cancel, _renew_interval())
+    if attempt.state != AttemptState.STARTING:
+        raise DomainError("attempt_not_started", "send the starting ACK first", field="attemptId")
+    move_attempt(attempt, AttemptState.RUNNING, actor_type=ActorType.WORKER, actor=ctx.worker.name,
+                 started_at=ctx.now, pid=pid, pgid=pgid, executor_handle=executor_handle)
+    move_run(run, RunState.RUNNING, actor_type=ActorType.WORKER, actor=ctx.worker.name, started_at=ctx.now,
+             data={"attempt": attempt.number})
+    RunDispatchLease.objects.filter(pk=lease.pk, version=lease.version).update(running_at=ctx.now)
+    lease.running_at = ctx.now
+    return AckResult("running", lease, cancel, _renew_interval())
+
+
+START_FAILURES = {
+    "executor_start_failed": AttemptState.FAILED,
+    "cancelled": AttemptState.CANCELLED,
+    "timed_out": AttemptState.TIMED_OUT,
+}
+
+
+@write_path
+def lease_start_failed(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
+    lease_token: str, offer_id: uuid.UUID, lease_version: int, reason: str,
+) -> AckResult:
+    """The worker could not (or must not) start the attempt: end it in one transaction (SIBLINGS §3).
+
+    ``reason``: ``executor_start_failed`` → failed (retried per policy), ``cancelled`` → cancelled
+    (e.g. the starting ACK said a cancel was requested), ``timed_out`` → timed out. Allowed from
+    ``starting`` (and from ``claimed`` for ``cancelled``). The lease completes with version + 1.
+    A resend after a lost answer (same expected version, same reason) replays; anything else on a
+    completed lease is ``lease_completed``.
+    """
+    if reason not in START_FAILURES:
+        raise DomainError("validation_failed", f"must be one of {', '.join(START_FAILURES)}", field="reason")
+    outcome = START_FAILURES[reason]
+    ctx = _fence(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
+                 lease_generation=lease_generation, lease_token=lease_token)
+    lease, attempt, run = ctx.lease, ctx.attempt, ctx.run
+    if lease.offer_id != offer_id:
+        raise DomainError("lease_offer_conflict", "the offer id does not match the lease", field="offerId")
+    if (
+        lease.state == LeaseState.COMPLETED
+        and lease.completion_sequence == 0
+        and lease.completion_outcome == outcome
+        and lease.version == lease_version + 1
+    ):
+        return AckResult("start_failed", lease, run.cancel_requested_at is not None, _renew_interval())
+    _require_active(lease, ctx.now)
+    _check_version(lease, lease_version)
+    if not (attempt.state == AttemptState.STARTING or (attempt.state == AttemptState.CLAIMED
+                                                       and outcome == AttemptState.CANCELLED)):
+        raise DomainError("attempt_already_started" if attempt.state == AttemptState.RUNNING else "attempt_not_started",
+                          f"a start failure cannot end a {attempt.state} attempt", field="attemptId")
+    RunDispatchLease.objects.filter(pk=lease.pk, version=lease_version, state=LeaseState.LEASED).update(
+        state=LeaseState.COMPLETED, version=F("version") + 1, ended_at=ctx.now, completion_sequence=0,
+        completion_outcome=outcome,
+    )
+    lease.refresh_from_db()
+    conclude_attempt(run, attempt, outcome, now=ctx.now, actor_type=ActorType.WORKER, actor=ctx.worker.name,
+                     reason=reason)
+    return AckResult("start_failed", lease, run.cancel_requested_at is not None, _renew_interval())
+
+
+# --- renew, release ------------------------------------------------------------------------------
+
+
+@write_path
+def lease_renew(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
+    lease_token: str, lease_version: int,
+) -> AckResult:
+    """Extend a started attempt's lease: CAS on the lease version, expiry = DB now + TTL.
+
+    Answers the new version and expiry and whether the run has a cancellation request (the
+    worker then stops the process and completes ``cancelled``). Renewing an unstarted lease is
+    ``attempt_not_started`` (the dispatch timeout bounds that phase). Raises the fence codes,
+    ``lease_version_conflict``.
+    """
+    ctx = _fence(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
+                 lease_generation=lease_generation, lease_token=lease_token, lock_run_row=False)
+    lease = ctx.lease
+    _require_active(lease, ctx.now)
+    _check_version(lease, lease_version)
+    if ctx.attempt.state not in (AttemptState.STARTING, AttemptState.RUNNING):
+        raise DomainError("attempt_not_started", "send the starting ACK first", field="attemptId")
+    expires = ctx.now + timedelta(seconds=protocol().run_lease_seconds)
+    changed = RunDispatchLease.objects.filter(
+        pk=lease.pk, state=LeaseState.LEASED, version=lease_version, expires_at__gt=ctx.now
+    ).update(expires_at=expires, version=F("version") + 1)
+    if not changed:
+        raise DomainError("lease_version_conflict", "the lease changed under the renewal", field="leaseVersion")
+    lease.expires_at, lease.version = expires, lease_version + 1
+    return AckResult("renewed", lease, ctx.run.cancel_requested_at is not None, _renew_interval())
+
+
+@write_path
+def lease_release(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
+    lease_token: str, lease_version: int,
+) -> AckResult:
+    """Hand back an attempt that has not started; it returns to the queue under the same number.
+
+    Raises the fence codes, ``lease_version_conflict``, ``attempt_already_started``.
+    """
+    ctx = _fence(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
+                 lease_generation=lease_generation, lease_token=lease_token)
+    _require_active(ctx.lease, ctx.now)
+    _check_version(ctx.lease, lease_version)
+    if ctx.attempt.state != AttemptState.CLAIMED:
+        raise DomainError("attempt_already_started", "a started attempt cannot be released", field="attemptId")
+    settle_lease(ctx.lease, reason=ReleaseReason.WORKER_RELEASE, now=ctx.now, actor_type=ActorType.WORKER,
+                 actor=ctx.worker.name, observed_version=lease_version)
+    ctx.lease.refresh_from_db()
+    return AckResult("released", ctx.lease, ctx.run.cancel_requested_at is not None, _renew_interval())
+
+
+# --- completion ----------------------------------------------------------------------------------
+
+OUTCOMES = (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.TIMED_OUT, AttemptState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A worker's report of how an attempt ended (tails are bounded UTF-8 text without NUL)."""
+
+    sequence: int
+    outcome: str
+    exit_code: int | None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+    def sha256(self) -> str:
+        return hashlib.sha256(
+            rfc8785.dumps(
+                {
+                    "sequence": self.sequence,
+                    "outcome": self.outcome,
+                    "exitCode": self.exit_code,
+                    "stdoutTail": self.stdout_tail,
+                    "stderrTail": self.stderr_tail,
+                }
+            )
+        ).hexdigest()
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    """The answer to a completion; rebuilt identically from the lease for an exact replay."""
+
+    attempt_id: uuid.UUID
+    lease_generation: int
+    sequence: int
+    outcome: str
+
+
+@write_path
+def lease_complete(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
+    lease_token: str, completion: Completion,
+) -> CompletionResult:
+    """Record an attempt's result under both fences, in one transaction (ADR-0012 §3).
+
+    Checks the session fence and the lease fence (token digest, lease generation, session and
+    generation, not released, not expired by the DB clock), then writes together: lease
+    completed (version + 1, completion sequence and payload digest), attempt terminal (outcome,
+    exit code, output tails), run state (terminal, or retry wait per the revision's policy;
+    cancellation intent wins) and their events. An identical resend (same sequence and payload
+    digest) answers the same result and writes nothing; anything else for a completed lease is
+    ``lease_completed`` (409). ``succeeded`` requires exit code 0.
+
+    Raises: fence codes, ``lease_completed``, ``lease_released``, ``lease_expired``,
+    ``attempt_not_started``, ``validation_failed``.
+    """
+    if completion.outcome not in OUTCOMES:
+        raise DomainError("validation_failed", f"must be one of {', '.join(OUTCOMES)}", field="outcome")
+    if completion.outcome == AttemptState.SUCCEEDED and completion.exit_code != 0:
+        raise DomainError("validation_failed", "a succeeded attempt exits with 0", field="exitCode")
+    ctx = _fence(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
+                 lease_generation=lease_generation, lease_token=lease_token)
+    lease, attempt, run = ctx.lease, ctx.attempt, ctx.run
+    digest = completion.sha256()
+    if lease.state == LeaseState.COMPLETED:
+        if lease.completion_sequence == completion.sequence and lease.completion_sha256 == digest:
+            return CompletionResult(attempt.pk, lease.lease_generation, completion.sequence, lease.completion_outcome)
+        raise DomainError("lease_completed", "the run lease already completed with another result")
+    _require_active(lease, ctx.now)
+    if attempt.state != AttemptState.RUNNING:
+        raise DomainError("attempt_not_started", "send the running ACK before completing", field="attemptId")
+    changed = RunDispatchLease.objects.filter(
+        pk=lease.pk, state=LeaseState.LEASED, version=lease.version, expires_at__gt=ctx.now
+    ).update(
+        state=LeaseState.COMPLETED, version=F("version") + 1, ended_at=ctx.now,
+        completion_sequence=completion.sequence, completion_sha256=digest, completion_outcome=completion.outcome,
+    )
+    if not changed:
+        raise DomainError("lease_version_conflict", "the lease changed under the completion")
+    conclude_attempt(
+        run, attempt, completion.outcome, now=ctx.now, actor_type=ActorType.WORKER, actor=ctx.worker.name,
+        exit_code=completion.exit_code, stdout_tail=completion.stdout_tail, stderr_tail=completion.stderr_tail,
+    )
+    record(
+        "lease.completed",
+        actor_type=ActorType.WORKER,
+        actor=ctx.worker.name,
+        worker_id=ctx.worker.pk,
+        session_id=ctx.session.pk,
+        run_id=run.pk,
+        attempt_id=attempt.pk,
+        lease_id=lease.pk,
+        data={"outcome": completion.outcome, "sequence": completion.sequence},
+    )
+    return CompletionResult(attempt.pk, lease.lease_generation, completion.sequence, completion.outcome)
+
+
+# --- expiry --------------------------------------------------------------------------------------
+
+
+@write_path
+def lease_expire(*, lease_id: uuid.UUID, observed_version: int) -> bool:
+    """Settle one lapsed lease if it is still lapsed at the version the sweep observed.
+
+    Unstarted attempt → back to the queue (``dispatch_timeout``); started → lost, then retried or
+    failed per policy (``lease_expired``). The CAS re-checks state, generation, expiry against the
+    DB clock and the observed version, so a renewal or completion that slipped in between the
+    sweep's read and this write wins and nothing is written. Returns whether it settled the lease.
+    """
+    lease = RunDispatchLease.objects.filter(pk=lease_id).first()
+    if lease is None:
+        return False
+    lock_worker(lease.worker_id)
+    now = db_now()
+    return settle_lease(lease, reason=ReleaseReason.LEASE_EXPIRED, now=now, actor_type=ActorType.RECONCILER,
+                        expired_only=True, observed_version=observed_version)
+
+
+def expired_leases(*, batch: int | None = None) -> list[tuple[uuid.UUID, int]]:
+    """(lease id, version) of up to ``batch`` lapsed active leases, oldest expiry first."""
+    now = db_now()
+    return list(
+        RunDispatchLease.objects.filter(state=LeaseState.LEASED, expires_at__lte=now)
+        .order_by("expires_at")
+        .values_list("pk", "version")[: batch or protocol().sweep_batch]
+    )
+
+
+def sweep_expired_leases(*, batch: int | None = None) -> int:
+    """Settle up to ``batch`` lapsed leases, one transaction each; return how many were settled.
+
+    Safe with several sweepers at once: each write is a CAS, so at most one settles a lease.
+    """
+    return sum(lease_expire(lease_id=lease_id, observed_version=version)
+               for lease_id, version in expired_leases(batch=batch))

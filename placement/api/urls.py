@@ -1,0 +1,8 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("revisions/<uuid:revision_id>/placement-preview", views.PlacementPreviewView.as_view(),
+         name="ops-placement-preview"),
+]

@@ -1,0 +1,185 @@
+"""Tasks, immutable task revisions, runs and run attempts (SIBLINGS §1).
+
+A *run* pins one immutable :class:`TaskRevision` (command, timeout, placement, retry policy).
+Each try of a run is a :class:`RunAttempt` numbered from 1; a retry never reuses an attempt's
+worker, session, lease or process handle. The allowed state transitions are data in
+``runs.states`` and enforced by ``runs.transitions``; the constraints below back them.
+
+Attempt state ``claimed`` means "this attempt exists and is owned by the run queue": it waits for
+(or holds) a run lease but no worker has accepted it yet (SIBLINGS §1, §3).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from protocol.ids import uuid7
+
+from .states import ATTEMPT_LIVE, ATTEMPT_TERMINAL, RUN_TERMINAL, AttemptState, RunState
+
+
+class Task(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class LostRetry(models.TextChoices):
+    """Whether an attempt lost mid-run may be run again (SIBLINGS §1: no policy = the run fails)."""
+
+    NEVER = "never"
+    IDEMPOTENT = "idempotent"  # running it twice is harmless
+    DEDUPLICATED = "deduplicated"  # the job deduplicates its own side effects
+
+
+class TaskRevision(models.Model):
+    """One immutable execution revision of a task. Never updated; a change is a new revision."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="revisions")
+    number = models.PositiveIntegerField(editable=False)
+    executor = models.CharField(max_length=32, editable=False, help_text="shell | python | node")
+    command = models.TextField(editable=False)
+    env = models.JSONField(default=dict, editable=False)
+    timeout_seconds = models.PositiveIntegerField(editable=False)
+    placement = models.TextField(editable=False, help_text="normalised PlacementSpec, RFC 8785 JSON")
+    placement_sha256 = models.CharField(max_length=64, editable=False)
+    max_attempts = models.PositiveSmallIntegerField(default=1, editable=False)
+    retry_on = models.JSONField(default=list, editable=False, help_text="outcomes that retry: failed, timed_out")
+    lost_retry = models.CharField(max_length=16, choices=LostRetry.choices, default=LostRetry.NEVER, editable=False)
+    retry_backoff_seconds = models.PositiveIntegerField(default=10, editable=False)
+    retry_backoff_max_seconds = models.PositiveIntegerField(default=300, editable=False)
+    #: SHA-256 of the canonical execution content (executor, command, env, timeout, placement).
+    spec_sha256 = models.CharField(max_length=64, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["task", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "number"], name="revision_number_unique"),
+            models.CheckConstraint(condition=Q(timeout_seconds__gte=1), name="revision_timeout_positive"),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1) & Q(max_attempts__lte=20), name="revision_max_attempts_range"
+            ),
+            models.CheckConstraint(condition=Q(lost_retry__in=LostRetry.values), name="revision_lost_retry_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} r{self.number}"
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="runs")
+    revision = models.ForeignKey(TaskRevision, on_delete=models.PROTECT, related_name="runs")
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.CREATED, editable=False)
+    version = models.PositiveBigIntegerField(default=0, editable=False)
+    event_sequence = models.PositiveBigIntegerField(default=0, editable=False)
+    priority = models.SmallIntegerField(default=0)
+    attempt_count = models.PositiveSmallIntegerField(default=0, editable=False)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, editable=False)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True, editable=False)
+    cancel_reason = models.CharField(max_length=200, blank=True, default="", editable=False)
+    exit_code = models.IntegerField(null=True, blank=True, editable=False)
+    error_class = models.CharField(max_length=32, blank=True, default="", editable=False)
+    #: Why the run waits: {mismatch category: number of live workers}, refreshed each dispatch cycle.
+    placement_summary = models.JSONField(null=True, blank=True, editable=False)
+    placement_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_by = models.CharField(max_length=150, blank=True, default="", editable=False)
+    created_at = models.DateTimeField(editable=False)
+    started_at = models.DateTimeField(null=True, blank=True, editable=False)
+    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=RunState.values), name="run_state_valid"),
+            models.CheckConstraint(
+                condition=~Q(state__in=RUN_TERMINAL) | Q(finished_at__isnull=False), name="run_terminal_has_end"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=RunState.RETRY_WAIT) | Q(next_attempt_at__isnull=False),
+                name="run_retry_wait_has_time",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100) & Q(priority__lte=100), name="run_priority_range"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"], condition=Q(state=RunState.RETRY_WAIT), name="run_retry_due"
+            ),
+            models.Index(fields=["state", "cancel_requested_at"], name="run_state_cancel"),
+        ]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+class RunAttempt(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField(editable=False)
+    state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.CLAIMED, editable=False)
+    version = models.PositiveIntegerField(default=0, editable=False)
+    # Dispatch order, copied from the run so that one partial index serves the queue.
+    priority = models.SmallIntegerField(default=0, editable=False)
+    ready_at = models.DateTimeField(editable=False)
+    # Projection of the current run lease (reads and the queue filter only; the lease row decides).
+    lease_generation = models.PositiveIntegerField(default=0, editable=False)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    worker = models.ForeignKey(
+        "workers.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts"
+    )
+    session_id = models.UUIDField(null=True, blank=True, editable=False)
+    # Executor facts reported by the worker (the running ACK) and the outcome.
+    pid = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    pgid = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    executor_handle = models.CharField(max_length=512, blank=True, default="", editable=False)
+    exit_code = models.IntegerField(null=True, blank=True, editable=False)
+    outcome_reason = models.CharField(max_length=32, blank=True, default="", editable=False)
+    stdout_tail = models.TextField(blank=True, default="", editable=False)
+    stderr_tail = models.TextField(blank=True, default="", editable=False)
+    created_at = models.DateTimeField(editable=False)
+    started_at = models.DateTimeField(null=True, blank=True, editable=False)
+    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=AttemptState.values), name="attempt_state_valid"),
+            models.UniqueConstraint(fields=["run", "number"], name="attempt_number_unique"),
+            models.UniqueConstraint(
+                fields=["run"], condition=Q(state__in=ATTEMPT_LIVE), name="one_live_attempt_per_run"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state__in=ATTEMPT_TERMINAL) | Q(finished_at__isnull=False),
+                name="attempt_terminal_has_end",
+            ),
+            models.CheckConstraint(condition=Q(number__gte=1), name="attempt_number_positive"),
+        ]
+        indexes = [
+            # The dispatch queue: keyset over (priority desc, FIFO, id) among attempts awaiting a lease.
+            models.Index(
+                models.F("priority").desc(),
+                "ready_at",
+                "id",
+                condition=Q(state=AttemptState.CLAIMED),
+                name="attempt_dispatch_queue",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} #{self.number}"

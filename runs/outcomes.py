@@ -1,0 +1,117 @@
+"""How an attempt's end decides its run's next state (SIBLINGS §1 retry semantics, §2 cancel).
+
+Helpers for write paths that already hold the run lock; they open no transaction.
+
+* Cancellation intent wins: once ``cancel_requested_at`` is set, the run ends ``cancelled``
+  whatever the attempt reports, and a lost attempt is never retried.
+* ``succeeded`` ends the run ``succeeded``.
+* ``failed``/``timed_out`` retry (run → ``retry_wait`` with an absolute next-attempt time) when the
+  outcome is in the revision's ``retry_on`` and attempts remain; otherwise the run takes the
+  attempt's outcome.
+* ``lost``: the run goes ``lost``, then in the same transaction to ``retry_wait`` when the revision
+  says a lost attempt is safe to re-run (``lost_retry`` idempotent/deduplicated) and attempts
+  remain, else ``failed`` with error class ``worker_lost``.
+
+Backoff: ``min(retry_backoff_max_seconds, retry_backoff_seconds · 2^(n−1))`` for attempt n, with
+"equal jitter" (a uniform draw from the upper half), so retries of many runs spread out.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+from typing import Any
+
+from .models import LostRetry, Run, RunAttempt, TaskRevision
+from .states import RUN_STATE_FOR_OUTCOME, AttemptState, RunState
+from .transitions import move_attempt, move_run
+
+
+def retry_delay_seconds(revision: TaskRevision, attempt_number: int) -> float:
+    """Jittered backoff before attempt ``attempt_number + 1`` (seconds)."""
+    ceiling = min(revision.retry_backoff_max_seconds, revision.retry_backoff_seconds * 2 ** (attempt_number - 1))
+    return random.uniform(ceiling / 2, ceiling)
+
+
+def _may_retry(revision: TaskRevision, attempt: RunAttempt, outcome: str) -> bool:
+    if attempt.number >= revision.max_attempts:
+        return False
+    if outcome == AttemptState.LOST:
+        return revision.lost_retry != LostRetry.NEVER
+    return outcome in revision.retry_on
+
+
+def conclude_attempt(
+    run: Run,
+    attempt: RunAttempt,
+    outcome: str,
+    *,
+    now: datetime,
+    actor_type: str,
+    actor: str = "",
+    reason: str = "",
+    **attempt_fields: Any,
+) -> Run:
+    """End ``attempt`` with ``outcome`` (a terminal attempt state) and move ``run`` accordingly.
+
+    ``attempt_fields`` are stored on the attempt (exit code, output tails). Returns the run.
+    Precondition: the caller holds the run lock. Raises ``invalid_run_transition`` when the
+    attempt or run is not in a state that can end this way.
+    """
+    move_attempt(
+        attempt,
+        outcome,
+        actor_type=actor_type,
+        actor=actor,
+        data={"reason": reason} if reason else None,
+        finished_at=now,
+        outcome_reason=reason,
+        **attempt_fields,
+    )
+    revision = run.revision
+    exit_code = attempt_fields.get("exit_code")
+    if outcome == AttemptState.LOST:
+        move_run(run, RunState.LOST, actor_type=actor_type, actor=actor, data={"attempt": attempt.number})
+        if run.cancel_requested_at is not None:
+            return move_run(
+                run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
+                error_class="cancelled_by_user",
+            )
+        if _may_retry(revision, attempt, outcome):
+            return _retry_wait(run, attempt, now=now, actor_type=actor_type, actor=actor)
+        return move_run(
+            run, RunState.FAILED, actor_type=actor_type, actor=actor, finished_at=now, error_class="worker_lost",
+            data={"reason": "worker_lost"},
+        )
+    if run.cancel_requested_at is not None:
+        return move_run(
+            run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now, exit_code=exit_code,
+            error_class="cancelled_by_user",
+        )
+    if outcome != AttemptState.SUCCEEDED and _may_retry(revision, attempt, outcome):
+        return _retry_wait(run, attempt, now=now, actor_type=actor_type, actor=actor)
+    error_class = {AttemptState.FAILED: "exit_code", AttemptState.TIMED_OUT: "timeout",
+                   AttemptState.CANCELLED: "cancelled"}.get(outcome, "")
+    if reason == "executor_start_failed":
+        error_class = "executor_start_error"
+    return move_run(
+        run,
+        RUN_STATE_FOR_OUTCOME[outcome],
+        actor_type=actor_type,
+        actor=actor,
+        finished_at=now,
+        exit_code=exit_code,
+        error_class=error_class,
+    )
+
+
+def _retry_wait(run: Run, attempt: RunAttempt, *, now: datetime, actor_type: str, actor: str) -> Run:
+    delay = retry_delay_seconds(run.revision, attempt.number)
+    return move_run(
+        run,
+        RunState.RETRY_WAIT,
+        actor_type=actor_type,
+        actor=actor,
+        next_attempt_at=now + timedelta(seconds=delay),
+        data={"attempt": attempt.number, "delay_s": round(delay, 3)},
+    )

@@ -1,0 +1,134 @@
+"""Worker session endpoints (``/api/v1/worker/…``): thin adapters from wire to services."""
+
+from __future__ import annotations
+
+from django_ratelimit.core import get_usage
+from drf_spectacular.utils import extend_schema
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from protocol import wire
+from qinglong.conf import protocol
+from qinglong.api.base import WorkerAPIView
+from qinglong.errors import DomainError
+
+from .. import services
+from . import serializers as s
+
+
+def _valid(serializer_class, request):
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class EnrollView(APIView):
+    """Exchange a single-use enrollment token and a locally generated public key for a credential."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    max_body_bytes = wire.DEFAULT_BODY_LIMIT
+    max_json_depth = 2
+    http_method_names = ["post", "options"]
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        usage = get_usage(request, group="worker-enroll", key="ip", rate=protocol().rate_enroll, increment=True)
+        if usage and usage["should_limit"]:
+            raise DomainError("rate_limited", "too many enrollment attempts from this address",
+                              retry_after=max(1, usage["time_left"]))
+
+    @extend_schema(request=s.EnrollSerializer, responses={201: s.EnrollOutSerializer}, auth=[])
+    def post(self, request):
+        data = _valid(s.EnrollSerializer, request)
+        credential = services.worker_enroll(
+            token=data["token"],
+            public_key=data["publicKey"],
+            worker_name=data.get("workerName"),
+            client=request.META.get("REMOTE_ADDR", "")[:64],
+        )
+        out = {"workerId": credential.worker_id, "workerName": credential.worker.name, "credentialId": credential.pk}
+        return Response(s.EnrollOutSerializer(out).data, status=201)
+
+
+class RotateKeyView(WorkerAPIView):
+    """Rotate the worker's key: signed by the current key; the old key keeps a short grace period."""
+
+    @extend_schema(request=s.RotateSerializer, responses={201: s.RotateOutSerializer})
+    def post(self, request):
+        data = _valid(s.RotateSerializer, request)
+        rotation = services.credential_rotate(
+            worker_id=self.principal.worker_id, credential_id=self.principal.credential_id,
+            public_key=data["publicKey"],
+        )
+        out = {"credentialId": rotation.credential.pk, "previousCredentialValidUntil": rotation.previous_valid_until}
+        return Response(s.RotateOutSerializer(out).data, status=201)
+
+
+class RegisterView(WorkerAPIView):
+    """Register this process start as a new session (replacing the live one), or replay it."""
+
+    max_body_bytes = wire.BODY_LIMITS[wire.SESSION_REGISTER]
+    max_json_depth = 5
+
+    @extend_schema(request=s.RegisterSerializer, responses={200: s.SessionOutSerializer, 201: s.SessionOutSerializer})
+    def post(self, request):
+        data = _valid(s.RegisterSerializer, request)
+        view = services.session_register(
+            worker_id=self.principal.worker_id,
+            session_id=data["sessionId"],
+            capabilities=data["capabilities"],
+            max_concurrent_runs=data["maxConcurrentRuns"],
+            available_slots=data["availableSlots"],
+            software_version=data["softwareVersion"],
+            protocol_version=data["protocolVersion"],
+        )
+        return Response(s.session_out(view), status=200 if view.replayed else 201)
+
+
+class HeartbeatView(WorkerAPIView):
+    """Heartbeat: keep the session lease, report free slots; learn of cancellations and drains."""
+
+    @extend_schema(request=s.HeartbeatSerializer, responses={200: s.SessionOutSerializer})
+    def post(self, request):
+        data = _valid(s.HeartbeatSerializer, request)
+        view = services.session_heartbeat(
+            worker_id=self.principal.worker_id,
+            session_id=data["sessionId"],
+            generation=data["generation"],
+            expected_version=data["expectedVersion"],
+            available_slots=data["availableSlots"],
+        )
+        return Response(s.session_out(view))
+
+
+class DrainView(WorkerAPIView):
+    """Enter draining: capacity zero at once, heartbeats still valid, no new claims."""
+
+    @extend_schema(request=s.TransitionSerializer, responses={200: s.SessionOutSerializer})
+    def post(self, request):
+        data = _valid(s.TransitionSerializer, request)
+        view = services.session_drain(
+            worker_id=self.principal.worker_id,
+            session_id=data["sessionId"],
+            generation=data["generation"],
+            expected_version=data["expectedVersion"],
+        )
+        return Response(s.session_out(view))
+
+
+class OfflineView(WorkerAPIView):
+    """End the session; refused while it still holds active run leases."""
+
+    @extend_schema(request=s.TransitionSerializer, responses={200: s.SessionOutSerializer})
+    def post(self, request):
+        data = _valid(s.TransitionSerializer, request)
+        view = services.session_offline(
+            worker_id=self.principal.worker_id,
+            session_id=data["sessionId"],
+            generation=data["generation"],
+            expected_version=data["expectedVersion"],
+            actor=self.principal.worker_name,
+        )
+        return Response(s.session_out(view))

@@ -1,0 +1,28 @@
+"""Row locks for worker-scoped write paths — the only place workers and sessions are locked.
+
+Global lock order (every write path takes its locks in this order, which rules out deadlocks):
+
+    worker  ->  session  ->  run (by primary key)  ->  attempt  ->  lease
+
+A worker-scoped path (registration, heartbeat writes, drain, offline, claim, ACKs, renew,
+completion, revocation) locks the worker row first; everything it then reads about the worker's
+sessions is serialised against every other such path. Sessions, attempts and leases are changed
+under that lock with compare-and-swap updates, which take their own row locks in the order above.
+On SQLite ``select_for_update`` is a no-op: IMMEDIATE transactions serialise all writers instead.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from qinglong.errors import DomainError
+
+from .models import Worker
+
+
+def lock_worker(worker_id: uuid.UUID) -> Worker:
+    """``SELECT … FOR UPDATE`` the worker row. Raises ``worker_not_found`` if it does not exist."""
+    worker = Worker.objects.select_for_update(of=("self",)).filter(pk=worker_id).first()
+    if worker is None:
+        raise DomainError("worker_not_found", "no such worker")
+    return worker
