@@ -1,0 +1,87 @@
+"""The one place errors become HTTP: ``{"code", "message", "field"}`` with a catalogued status.
+
+Domain errors (``qinglong.errors.DomainError``) and protocol errors (``protocol.errors``) carry
+their code; DRF's own exceptions are mapped onto catalogue codes; a serializer's errors become
+``validation_failed`` naming the first offending field as a path (``offers[0].leaseToken``).
+Anything else is a bug: it is logged and answered 500 by Django, never dressed up as a 4xx.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+from protocol.errors import ProtocolError
+from qinglong.errors import CATALOGUE, DomainError
+
+_DRF_CODES: list[tuple[type[drf.APIException], str]] = [
+    (drf.NotAuthenticated, "not_authenticated"),
+    (drf.AuthenticationFailed, "not_authenticated"),
+    (drf.PermissionDenied, "permission_denied"),
+    (drf.NotFound, "not_found"),
+    (drf.MethodNotAllowed, "method_not_allowed"),
+    (drf.UnsupportedMediaType, "unsupported_media_type"),
+    (drf.ParseError, "json_malformed"),
+    (drf.Throttled, "rate_limited"),
+]
+
+
+def first_error(detail: Any, path: str = "") -> tuple[str, str]:
+    """Walk DRF's nested error detail to the first leaf: (field path, message)."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            if key in ("non_field_errors", "__all__"):
+                return first_error(value, path)
+            child = f"{path}.{key}" if path else str(key)
+            return first_error(value, child)
+        return path, "invalid"
+    if isinstance(detail, list):
+        for index, value in enumerate(detail):
+            if isinstance(value, dict | list) and value:
+                return first_error(value, f"{path}[{index}]")
+            if not isinstance(value, dict | list):
+                return path, str(value)
+        return path, "invalid"
+    return path, str(detail)
+
+
+def _response(code: str, message: str, field: str | None, *, details: dict | None = None,
+              retry_after: int | None = None) -> Response:
+    body: dict[str, Any] = {"code": code, "message": message, "field": field or None}
+    if details:
+        body["details"] = details
+    response = Response(body, status=CATALOGUE[code].status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF ``EXCEPTION_HANDLER``: map every expected error to a catalogued JSON answer."""
+    response = _handle(exc)
+    if response is not None and response.status_code == 401:
+        view, request = context.get("view"), context.get("request")
+        header = view.get_authenticate_header(request) if view is not None and request is not None else None
+        if header:
+            response["WWW-Authenticate"] = header
+    return response
+
+
+def _handle(exc: Exception) -> Response | None:
+    if isinstance(exc, DomainError):
+        return _response(exc.code, exc.message, exc.field, details=exc.details, retry_after=exc.retry_after)
+    if isinstance(exc, ProtocolError):
+        return _response(exc.code, exc.message, exc.field)
+    if isinstance(exc, drf.ValidationError):
+        field, message = first_error(exc.detail)
+        return _response("validation_failed", message, field)
+    if isinstance(exc, drf.APIException):
+        for exc_type, code in _DRF_CODES:
+            if isinstance(exc, exc_type):
+                retry = getattr(exc, "wait", None)
+                return _response(code, str(exc.detail), None, retry_after=int(retry) + 1 if retry else None)
+        return Response({"code": "validation_failed", "message": str(exc.detail), "field": None},
+                        status=exc.status_code)
+    return None

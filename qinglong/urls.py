@@ -1,0 +1,15 @@
+"""URL map. Worker API: /api/v1/worker/ (signed). Operator API: /api/v1/ops/ (staff token).
+OpenAPI 3 schema: /api/v1/schema (YAML by default, ``?format=json`` for JSON)."""
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/worker/", include("workers.api.urls")),
+    path("api/v1/worker/", include("leases.api.urls")),
+    path("api/v1/ops/", include("runs.api.urls")),
+    path("api/v1/ops/", include("placement.api.urls")),
+    path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
+]
