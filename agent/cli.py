@@ -1,0 +1,112 @@
+"""``qinglong-worker``: enroll this machine, or run it as a worker.
+
+    qinglong-worker enroll --server URL --token TOKEN [--worker NAME] [--state-dir DIR]
+    qinglong-worker run [--server URL] [--max-concurrent N] [--label KEY=VALUE …] [--drain-timeout S]
+
+Exit status of ``run``: 0 clean shutdown (drained, offline); 1 start-up error; 2 usage;
+3 session fenced (a supervisor should start a fresh process); 4 credential refused (re-enroll;
+do not restart in a loop); 5 drain timeout or failed offline. ``QINGLONG_WORKER_ENABLED=0`` makes
+``run`` exit 0 at once without touching the network, a thread or a timer (ADR-0012 §5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from protocol import wire
+from protocol.errors import ProtocolError
+from protocol.signing import public_key_text
+
+from . import __version__
+from .state import Credential, StateDir, StateError, default_state_dir
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"labels are KEY=VALUE, not {text!r}")
+    return key, value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qinglong-worker", description="QingLong headless worker agent")
+    parser.add_argument("--version", action="version", version=__version__)
+    parser.add_argument("--state-dir", type=Path, default=None, help="where the key and credential live")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    enroll = commands.add_parser("enroll", help="exchange an enrollment token for a credential")
+    enroll.add_argument("--server", required=True, help="control plane URL, e.g. http://127.0.0.1:8000")
+    enroll.add_argument("--token", required=True, help="single-use enrollment token from an operator")
+    enroll.add_argument("--worker", default=None, help="the worker name the token was issued for")
+
+    run = commands.add_parser("run", help="run as a worker until SIGTERM")
+    run.add_argument("--server", default=None, help="override the server stored at enrollment")
+    run.add_argument("--max-concurrent", type=int, default=1, help="attempts run at once (1-256)")
+    run.add_argument("--label", type=_label, action="append", default=[], help="KEY=VALUE, repeatable")
+    run.add_argument("--feature", action="append", default=[], help="capability feature, repeatable")
+    run.add_argument("--drain-timeout", type=float, default=60.0, help="seconds to wait for running attempts")
+    run.add_argument("--work-dir", type=Path, default=None, help="where attempts run (default: state dir/work)")
+    run.add_argument("--poll-max", type=float, default=5.0, help="longest wait between idle claims, seconds")
+    return parser
+
+
+def _enroll(args: argparse.Namespace, state: StateDir) -> int:
+    from .client import ApiError, Client, TransportError
+
+    key = Ed25519PrivateKey.generate()
+    body = {"token": args.token, "publicKey": public_key_text(key.public_key()), "agentVersion": __version__}
+    if args.worker:
+        body["workerName"] = args.worker
+    try:
+        answer = Client(args.server).post(wire.ENROLL, body, signed=False)
+    except (ApiError, TransportError, ValueError) as exc:
+        print(f"enrollment failed: {exc}", file=sys.stderr)
+        return 1
+    state.save(Credential(args.server, answer["workerId"], answer["workerName"], answer["credentialId"]), key)
+    print(f"enrolled as worker {answer['workerName']} ({answer['workerId']}); key kept in {state.path}")
+    return 0
+
+
+def _run(args: argparse.Namespace, state: StateDir) -> int:
+    from .capabilities import detect_valid
+    from .client import Client
+    from .runtime import Agent, Settings
+
+    if not 1 <= args.max_concurrent <= 256:
+        print("--max-concurrent must be 1-256", file=sys.stderr)
+        return 2
+    try:
+        credential, key = state.load()
+    except StateError as exc:
+        print(f"cannot start: {exc}", file=sys.stderr)
+        return 1
+    server = args.server or credential.server
+    work_dir = args.work_dir or state.path / "work"
+    try:
+        capabilities = detect_valid(work_dir=work_dir, labels=dict(args.label), features=args.feature)
+    except ProtocolError as exc:
+        print(f"cannot start: capability {exc.field}: {exc.message}", file=sys.stderr)
+        return 1
+    settings = Settings(max_concurrent=args.max_concurrent, labels=dict(args.label), work_dir=work_dir,
+                        drain_timeout=args.drain_timeout, poll_max=max(1.0, args.poll_max))
+    agent = Agent(Client(server, key_id=credential.credentialId, key=key), credential, state, settings)
+    return agent.run(capabilities)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=os.environ.get("QINGLONG_WORKER_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s worker %(levelname)s %(message)s", stream=sys.stderr)
+    state = StateDir(args.state_dir or default_state_dir())
+    if args.command == "enroll":
+        return _enroll(args, state)
+    if os.environ.get("QINGLONG_WORKER_ENABLED", "1") == "0":
+        print("worker disabled (QINGLONG_WORKER_ENABLED=0): nothing started", file=sys.stderr)
+        return 0
+    return _run(args, state)

@@ -1,0 +1,122 @@
+"""A small HTTP client for the worker API: signed JSON POSTs over ``http.client``.
+
+One keep-alive connection per thread (the heartbeat timer, the claim loop and each attempt
+runner talk independently, so a slow call in one never delays another's). Every request is
+signed with the worker's key under the RFC 9421 profile of ``protocol.signing``. Errors:
+
+* :class:`ApiError` — the server answered with a JSON error (``code``, ``message``, ``field``);
+* :class:`TransportError` — no answer (connection refused/reset, timeout, non-JSON body).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from typing import Any
+from urllib.parse import urlsplit
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from protocol.signing import sign_request
+from protocol.strictjson import dumps
+
+#: Seconds before one request gives up (SIBLINGS §8: 15 s default).
+DEFAULT_TIMEOUT = 15.0
+#: Largest response body the agent reads (SIBLINGS §5: offers ≤128 KiB).
+MAX_RESPONSE_BYTES = 256 * 1024
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, field: str | None = None,
+                 details: dict[str, Any] | None = None, retry_after: float | None = None) -> None:
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.details = details or {}
+        self.retry_after = retry_after
+        super().__init__(f"{status} {code}: {message}" + (f" ({field})" if field else ""))
+
+
+class TransportError(Exception):
+    """The control plane could not be reached or answered garbage."""
+
+
+class Client:
+    def __init__(self, server: str, *, key_id: str | None = None, key: Ed25519PrivateKey | None = None,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
+        parts = urlsplit(server)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"server must be an http(s) URL, not {server!r}")
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        self.port = parts.port
+        self.base_path = parts.path.rstrip("/")
+        self.key_id = key_id
+        self.key = key
+        self.timeout = timeout
+        self._local = threading.local()
+
+    def with_key(self, key_id: str, key: Ed25519PrivateKey) -> Client:
+        """A client for the same server signing with another key (used by key rotation)."""
+        return Client(f"{self.scheme}://{self.host}{':' + str(self.port) if self.port else ''}{self.base_path}",
+                      key_id=key_id, key=key, timeout=self.timeout)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+            conn = cls(self.host, self.port, timeout=self.timeout)
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def post(self, path: str, body: dict[str, Any], *, signed: bool = True) -> dict[str, Any]:
+        """POST ``body`` as JSON to ``path``; return the decoded JSON answer.
+
+        Raises ApiError for an error answer, TransportError when there is no usable answer.
+        """
+        payload = dumps(body)
+        target = self.base_path + path
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if signed:
+            if self.key is None or self.key_id is None:
+                raise RuntimeError("a signed request needs a key")
+            headers.update(sign_request(method="POST", path=target, body=payload, key_id=self.key_id,
+                                        private_key=self.key))
+        conn = self._connection()
+        try:
+            conn.request("POST", target, body=payload, headers=headers)
+            response = conn.getresponse()
+            data = response.read(MAX_RESPONSE_BYTES + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+        if response.getheader("Connection", "").lower() == "close":
+            self.close()
+        if len(data) > MAX_RESPONSE_BYTES:
+            self.close()
+            raise TransportError("response larger than the agent accepts")
+        try:
+            decoded = json.loads(data) if data else {}
+        except ValueError as exc:
+            raise TransportError(f"HTTP {response.status} with a non-JSON body") from exc
+        if response.status >= 400:
+            if not isinstance(decoded, dict) or "code" not in decoded:
+                raise TransportError(f"HTTP {response.status} without an error code")
+            retry_after = response.getheader("Retry-After")
+            raise ApiError(
+                response.status,
+                decoded["code"],
+                decoded.get("message", ""),
+                decoded.get("field"),
+                decoded.get("details"),
+                float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None,
+            )
+        return decoded

@@ -1,0 +1,164 @@
+"""Running one attempt as a local subprocess: own process group, enforced timeout, bounded output.
+
+The process starts in a new session (``start_new_session``), so its process group id equals its
+pid and the whole tree can be signalled at once; stopping sends SIGTERM to the group, then SIGKILL
+after a grace period. Output is drained by two reader threads that keep only the last
+``OUTPUT_TAIL_BYTES`` of each stream, so a chatty job cannot grow the agent's memory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from protocol.wire import OUTPUT_TAIL_BYTES
+
+KILL_GRACE_SECONDS = 5.0
+INTERPRETERS = {"python": ["python3"], "node": ["node"]}
+
+
+class StartFailed(Exception):
+    """The executor could not start the process (missing interpreter, bad work dir, …)."""
+
+
+class _Tail:
+    """Keeps the last ``limit`` bytes read from a stream."""
+
+    def __init__(self, stream: IO[bytes], limit: int = OUTPUT_TAIL_BYTES) -> None:
+        self.limit = limit
+        self.chunks: deque[bytes] = deque()
+        self.size = 0
+        self.thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _drain(self, stream: IO[bytes]) -> None:
+        with stream:
+            while chunk := stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536):
+                self.chunks.append(chunk)
+                self.size += len(chunk)
+                while self.size - len(self.chunks[0]) >= self.limit:
+                    self.size -= len(self.chunks.popleft())
+
+    def text(self) -> str:
+        """The tail as UTF-8 text: invalid bytes and NUL replaced, at most ``limit`` bytes."""
+        self.thread.join(timeout=2)
+        data = b"".join(self.chunks)[-self.limit:]
+        text = data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+        encoded = text.encode("utf-8")
+        if len(encoded) > self.limit:
+            text = encoded[-self.limit:].decode("utf-8", errors="ignore")
+        return text
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: str  # succeeded | failed | timed_out | cancelled
+    exit_code: int | None
+    stdout_tail: str
+    stderr_tail: str
+
+
+class Execution:
+    """One started process. ``wait(timeout)`` polls it; ``stop(outcome)`` ends it early."""
+
+    def __init__(self, *, executor: str, command: str, env: dict[str, str], timeout_seconds: int,
+                 work_dir: Path) -> None:
+        self.timeout_seconds = timeout_seconds
+        self._script: Path | None = None
+        self._stopped_as: str | None = None
+        work_dir.mkdir(parents=True, exist_ok=True)
+        if executor == "shell":
+            argv = ["/bin/sh", "-c", command]
+        elif executor in INTERPRETERS:
+            suffix = ".py" if executor == "python" else ".js"
+            fd, name = tempfile.mkstemp(dir=work_dir, prefix="attempt-", suffix=suffix)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(command)
+            self._script = Path(name)
+            argv = [*INTERPRETERS[executor], name]
+        else:
+            raise StartFailed(f"this agent has no {executor!r} executor")
+        try:
+            self.process = subprocess.Popen(
+                argv,
+                cwd=work_dir,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._cleanup()
+            raise StartFailed(str(exc)) from exc
+        self.started_monotonic = time.monotonic()
+        self.started_wall = time.time()
+        self._stdout = _Tail(self.process.stdout)
+        self._stderr = _Tail(self.process.stderr)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def handle(self) -> str:
+        """The executor handle reported in the running ACK: pid, process group and start time."""
+        return f"pid={self.pid} pgid={self.pid} started={self.started_wall:.3f}"
+
+    @property
+    def deadline(self) -> float:
+        return self.started_monotonic + self.timeout_seconds
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True once the process has exited."""
+        try:
+            self.process.wait(timeout=max(0.0, timeout))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def stop(self, outcome: str) -> None:
+        """End the process group: SIGTERM, then SIGKILL after the grace period. Idempotent.
+
+        A process that already exited keeps its own outcome."""
+        if self.process.poll() is not None:
+            return
+        if self._stopped_as is None:
+            self._stopped_as = outcome
+        try:
+            os.killpg(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        if not self.wait(KILL_GRACE_SECONDS):
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.wait(KILL_GRACE_SECONDS)
+
+    def result(self) -> Result:
+        """The outcome once the process has exited (call after ``wait`` returned True)."""
+        code = self.process.wait()
+        # Reap anything the job left behind in its group; the attempt is over.
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._cleanup()
+        if self._stopped_as is not None:
+            outcome = self._stopped_as
+        else:
+            outcome = "succeeded" if code == 0 else "failed"
+        return Result(outcome, code, self._stdout.text(), self._stderr.text())
+
+    def _cleanup(self) -> None:
+        if self._script is not None:
+            self._script.unlink(missing_ok=True)

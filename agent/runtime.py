@@ -1,0 +1,477 @@
+"""The headless worker's lifecycle (ADR-0012 §5): session, heartbeat, claims, attempts, shutdown.
+
+Threads, one per concern: the main thread claims work; one heartbeat timer thread (never
+overlapping itself, a daemon so it never holds the process up); one runner thread per attempt,
+which owns that attempt's lease (starting ACK, running ACK, renewals at the lease midpoint, the
+completion). Nothing else runs: no timer exists before ``Agent.run`` is called.
+
+Failure rules:
+
+* a network cut or a 503 is retried with full-jitter exponential backoff (tenacity) without a
+  new session; a renewal stops retrying when the lease would have lapsed, and the runner then
+  kills its process and abandons the attempt — a process whose lease lapsed must not report;
+* a fenced session (superseded, expired, offline …) stops everything at once, kills running
+  processes and exits ``EXIT_FENCED`` (3) so the supervisor starts a fresh process and session;
+* a refused credential (revoked, re-enrolled, expired) exits ``EXIT_CREDENTIAL_REFUSED`` (4) and
+  the supervisor must not restart it in a loop;
+* SIGTERM/SIGINT: drain (capacity 0), keep heartbeating, wait for running attempts up to
+  ``drain_timeout``, then go offline. A drain timeout or a failed offline exits
+  ``EXIT_SHUTDOWN_FAILED`` (5) with a message; the node is never reported as safely stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from tenacity import Retrying, retry_if_exception, stop_after_delay, stop_any, stop_when_event_set
+from tenacity import wait_random_exponential
+
+from protocol import wire
+from protocol.ids import uuid7
+from protocol.signing import public_key_text
+
+from . import __version__
+from .client import ApiError, Client, TransportError
+from .executor import Execution, StartFailed
+from .state import Credential, StateDir
+
+log = logging.getLogger("qinglong.agent")
+
+FENCED = {
+    "session_superseded", "session_expired", "session_offline", "session_unknown",
+    "session_generation_mismatch", "lease_session_mismatch",
+}
+REFUSED = {
+    "credential_revoked", "credential_expired", "credential_unknown", "worker_revoked", "signature_invalid",
+    "signature_stale", "signature_path_mismatch", "principal_mismatch",
+}
+#: Lease answers after which the attempt is no longer ours: kill the process, report nothing.
+LEASE_LOST = {"lease_expired", "lease_released", "lease_completed", "lease_token_mismatch", "lease_unknown",
+              "lease_generation_mismatch"}
+
+
+class Stop(Exception):
+    """End the agent with ``exit_code`` and a one-line ``reason``."""
+
+    def __init__(self, exit_code: int, reason: str) -> None:
+        self.exit_code = exit_code
+        self.reason = reason
+        super().__init__(reason)
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, TransportError) or (isinstance(exc, ApiError) and exc.status in (429, 503))
+
+
+def classify(exc: ApiError) -> Stop | None:
+    """The Stop an API error implies for the whole agent, or None if it is local to one call."""
+    if exc.code in FENCED:
+        return Stop(wire.EXIT_FENCED, f"session fenced: {exc.code} ({exc.message})")
+    if exc.code in REFUSED:
+        return Stop(wire.EXIT_CREDENTIAL_REFUSED, f"credential refused: {exc.code} ({exc.message})")
+    return None
+
+
+def _seconds_between(later: str, earlier: str) -> float:
+    parse = datetime.fromisoformat
+    return (parse(later.replace("Z", "+00:00")) - parse(earlier.replace("Z", "+00:00"))).total_seconds()
+
+
+@dataclass
+class Session:
+    session_id: str
+    generation: int
+    version: int
+    state: str
+    heartbeat_interval: float
+    lease_seconds: float
+    last_ok: float = field(default_factory=time.monotonic)
+
+    def fence(self) -> dict[str, Any]:
+        return {"sessionId": self.session_id, "generation": self.generation}
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_concurrent: int = 1
+    labels: dict[str, str] = field(default_factory=dict)
+    work_dir: Path = Path("/tmp/qinglong-worker")
+    drain_timeout: float = 60.0
+    poll_min: float = 1.0
+    poll_max: float = 5.0
+
+
+class Agent:
+    def __init__(self, client: Client, credential: Credential, state: StateDir, settings: Settings) -> None:
+        self.client = client
+        self.credential = credential
+        self.state = state
+        self.settings = settings
+        self.session: Session | None = None
+        self._session_lock = threading.Lock()
+        self._runners: dict[str, AttemptRunner] = {}
+        self._runners_lock = threading.Lock()
+        self._shutdown = threading.Event()
+        self._stop_heartbeat = threading.Event()
+        self._wake = threading.Event()
+        self._fatal: Stop | None = None
+        self._heartbeat_thread: threading.Thread | None = None
+
+    # --- calls -----------------------------------------------------------------------------
+
+    def call(self, path: str, body: dict[str, Any], *, patience: float | None = None,
+             stop: threading.Event | None = None) -> dict[str, Any]:
+        """POST with retries on transient failures for up to ``patience`` seconds (None: forever).
+
+        Raises Stop for fencing/credential errors, ApiError for other refusals, TransportError
+        when patience ran out.
+        """
+        stops = [stop_when_event_set(stop or threading.Event())]
+        if patience is not None:
+            stops.append(stop_after_delay(patience))
+        retrying = Retrying(
+            retry=retry_if_exception(_transient),
+            wait=wait_random_exponential(multiplier=0.5, max=8),
+            stop=stop_any(*stops),
+            reraise=True,
+            before_sleep=lambda rs: log.warning("retrying %s: %s", path, rs.outcome.exception()),
+        )
+        try:
+            return retrying(self.client.post, path, body)
+        except ApiError as exc:
+            verdict = classify(exc)
+            if verdict is not None:
+                raise verdict from exc
+            raise
+
+    def fail(self, stop: Stop) -> None:
+        """Record a fatal condition (first one wins) and wake the main loop."""
+        if self._fatal is None:
+            self._fatal = stop
+        self._shutdown.set()
+        self._wake.set()
+
+    # --- session ---------------------------------------------------------------------------
+
+    def register(self, capabilities: dict[str, Any]) -> Session:
+        session_id = str(uuid7())
+        answer = self.call(wire.SESSION_REGISTER, {
+            "workerId": self.credential.workerId,
+            "sessionId": session_id,
+            "capabilities": capabilities,
+            "maxConcurrentRuns": self.settings.max_concurrent,
+            "availableSlots": self.settings.max_concurrent,
+            "softwareVersion": f"qinglong-worker/{__version__}",
+            "protocolVersion": 1,
+        }, patience=120, stop=self._shutdown)
+        session = Session(
+            session_id=answer["sessionId"], generation=answer["generation"], version=answer["version"],
+            state=answer["state"], heartbeat_interval=answer["heartbeatIntervalSeconds"],
+            lease_seconds=_seconds_between(answer["leaseExpiresAt"], answer["serverTime"]),
+        )
+        log.info("session %s registered: generation %s, version %s, %s%s", session.session_id,
+                 session.generation, session.version, session.state,
+                 " (replaced the previous session)" if answer["replacedSession"] else "")
+        return session
+
+    def _apply(self, answer: dict[str, Any]) -> None:
+        with self._session_lock:
+            self.session.version = answer["version"]
+            self.session.state = answer["state"]
+            self.session.last_ok = time.monotonic()
+
+    def _heartbeat_once(self) -> dict[str, Any]:
+        body = {**self.session.fence(), "expectedVersion": self.session.version,
+                "availableSlots": 0 if self._shutdown.is_set() else self.settings.max_concurrent}
+        try:
+            return self.call(wire.SESSION_HEARTBEAT, body, stop=self._stop_heartbeat)
+        except ApiError as exc:
+            if exc.code != "session_version_conflict" or "currentVersion" not in exc.details:
+                raise
+            # An operator drain (or our own drain) moved the version: adopt it and ask again.
+            with self._session_lock:
+                self.session.version = exc.details["currentVersion"]
+            body["expectedVersion"] = self.session.version
+            return self.call(wire.SESSION_HEARTBEAT, body, stop=self._stop_heartbeat)
+
+    def _heartbeat_loop(self) -> None:
+        delay = self.session.heartbeat_interval
+        while not self._stop_heartbeat.wait(delay):
+            try:
+                answer = self._heartbeat_once()
+            except Stop as stop:
+                self.fail(stop)
+                return
+            except TransportError:
+                return  # only when stopping: call() retries forever otherwise
+            except ApiError as exc:
+                log.error("heartbeat refused: %s", exc)
+                delay = self.session.heartbeat_interval
+                continue
+            self._apply(answer)
+            delay = max(0.5, _seconds_between(answer["nextHeartbeatAt"], answer["serverTime"]))
+            for attempt_id in answer["cancelRequested"]:
+                runner = self._runners.get(attempt_id)
+                if runner is not None:
+                    runner.cancel()
+            if answer["rotationRequired"]:
+                self.rotate_key()
+
+    def rotate_key(self) -> None:
+        """Install a new key: signed by the current one; saved before the old one is forgotten."""
+        new_key = Ed25519PrivateKey.generate()
+        try:
+            answer = self.call(wire.ROTATE_KEY, {"publicKey": public_key_text(new_key.public_key())}, patience=30)
+        except (ApiError, TransportError) as exc:
+            log.error("key rotation failed: %s", exc)
+            return
+        self.credential = Credential(self.credential.server, self.credential.workerId, self.credential.workerName,
+                                     answer["credentialId"])
+        self.state.save(self.credential, new_key)
+        self.client = self.client.with_key(answer["credentialId"], new_key)
+        log.info("rotated the worker key; new credential %s", answer["credentialId"])
+
+    # --- claims ----------------------------------------------------------------------------
+
+    def running_count(self) -> int:
+        with self._runners_lock:
+            return len(self._runners)
+
+    def _claim_once(self) -> int:
+        free = self.settings.max_concurrent - self.running_count()
+        if free <= 0 or self.session.state != "online":
+            return 0
+        offers = [{"offerId": str(uuid7()), "leaseToken": secrets.token_urlsafe(32)}
+                  for _ in range(min(free, wire.MAX_OFFERS_PER_CLAIM))]
+        try:
+            answer = self.call(wire.CLAIM, {**self.session.fence(), "offers": offers}, stop=self._shutdown)
+        except ApiError as exc:
+            if exc.code == "session_draining":
+                with self._session_lock:
+                    self.session.state = "draining"
+            elif exc.code not in ("capacity_exhausted", "rate_limited"):
+                log.error("claim refused: %s", exc)
+            return 0
+        except TransportError:
+            return 0
+        tokens = {offer["offerId"]: offer["leaseToken"] for offer in offers}
+        for offer in answer["offers"]:
+            runner = AttemptRunner(self, offer, tokens[offer["lease"]["offerId"]])
+            with self._runners_lock:
+                self._runners[offer["lease"]["attemptId"]] = runner
+            runner.start()
+        return len(answer["offers"])
+
+    def _claim_loop(self) -> None:
+        delay = self.settings.poll_min
+        while not self._shutdown.is_set():
+            if self._claim_once():
+                delay = self.settings.poll_min
+                continue
+            self._wake.wait(delay)
+            self._wake.clear()
+            delay = min(self.settings.poll_max, delay * 1.5)
+
+    def runner_done(self, attempt_id: str) -> None:
+        with self._runners_lock:
+            self._runners.pop(attempt_id, None)
+        self._wake.set()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def request_shutdown(self, *_: Any) -> None:
+        if not self._shutdown.is_set():
+            log.info("shutdown requested: draining")
+        self._shutdown.set()
+        self._wake.set()
+
+    def run(self, capabilities: dict[str, Any]) -> int:
+        """Register, heartbeat, claim and run until told to stop; return the exit status."""
+        signal.signal(signal.SIGTERM, self.request_shutdown)
+        signal.signal(signal.SIGINT, self.request_shutdown)
+        try:
+            self.session = self.register(capabilities)
+        except Stop as stop:
+            log.error("%s", stop.reason)
+            return stop.exit_code
+        except (ApiError, TransportError) as exc:
+            log.error("registration failed: %s", exc)
+            return 1
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+        try:
+            self._claim_loop()
+        except Stop as stop:
+            self.fail(stop)
+        if self._fatal is not None:
+            return self._die(self._fatal)
+        return self._graceful_shutdown()
+
+    def _die(self, stop: Stop) -> int:
+        self._stop_heartbeat.set()
+        for runner in list(self._runners.values()):
+            runner.abandon()
+        log.error("%s; stopping (exit %s)", stop.reason, stop.exit_code)
+        return stop.exit_code
+
+    def _graceful_shutdown(self) -> int:
+        try:
+            answer = self.call(wire.SESSION_DRAIN, {**self.session.fence(), "expectedVersion": self.session.version},
+                               patience=30)
+            self._apply(answer)
+        except Stop as stop:
+            return self._die(stop)
+        except (ApiError, TransportError) as exc:
+            return self._die(Stop(wire.EXIT_SHUTDOWN_FAILED, f"drain failed: {exc}"))
+        log.info("draining: waiting up to %ss for %s running attempt(s)", self.settings.drain_timeout,
+                 self.running_count())
+        deadline = time.monotonic() + self.settings.drain_timeout
+        while self.running_count() and time.monotonic() < deadline and self._fatal is None:
+            self._wake.wait(0.2)
+            self._wake.clear()
+        if self._fatal is not None:
+            return self._die(self._fatal)
+        if self.running_count():
+            return self._die(Stop(
+                wire.EXIT_SHUTDOWN_FAILED,
+                f"drain timed out after {self.settings.drain_timeout}s with {self.running_count()} attempt(s) "
+                "still running; they were killed and the control plane will settle them as lost",
+            ))
+        self._stop_heartbeat.set()
+        try:
+            self.call(wire.SESSION_OFFLINE, {**self.session.fence(), "expectedVersion": self.session.version},
+                      patience=30)
+        except Stop as stop:
+            return self._die(stop)
+        except (ApiError, TransportError) as exc:
+            return self._die(Stop(wire.EXIT_SHUTDOWN_FAILED, f"offline failed: {exc}"))
+        log.info("offline: session %s ended cleanly", self.session.session_id)
+        return 0
+
+
+class AttemptRunner(threading.Thread):
+    """Owns one attempt: ACKs, the process, renewals at the lease midpoint, the completion."""
+
+    def __init__(self, agent: Agent, offer: dict[str, Any], lease_token: str) -> None:
+        super().__init__(name=f"attempt-{offer['lease']['attemptId'][:8]}", daemon=True)
+        self.agent = agent
+        self._token = lease_token
+        self.spec = offer["execution"]
+        self.lease = offer["lease"]
+        self._cancel = threading.Event()
+        self._abandon = threading.Event()
+        self.execution: Execution | None = None
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def abandon(self) -> None:
+        """Kill the process without reporting (the agent is fenced or its credential refused)."""
+        self._abandon.set()
+        self._cancel.set()
+        if self.execution is not None:
+            self.execution.stop("cancelled")
+
+    def _fence(self) -> dict[str, Any]:
+        return {**self.agent.session.fence(), "attemptId": self.lease["attemptId"],
+                "leaseGeneration": self.lease["leaseGeneration"], "leaseToken": self._token}
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Stop as stop:
+            self.agent.fail(stop)
+            if self.execution is not None:
+                self.execution.stop("cancelled")
+        except Exception:  # one attempt's bug must not take the agent down
+            log.exception("attempt %s failed in the agent", self.lease["attemptId"])
+            if self.execution is not None:
+                self.execution.stop("cancelled")
+        finally:
+            self.agent.runner_done(self.lease["attemptId"])
+
+    def _ack(self, path: str, extra: dict[str, Any], patience: float) -> dict[str, Any]:
+        body = {**self._fence(), "offerId": self.lease["offerId"], "leaseVersion": self.lease["leaseVersion"], **extra}
+        return self.agent.call(path, body, patience=patience)
+
+    def _run(self) -> None:
+        spec, attempt_id = self.spec, self.lease["attemptId"]
+        log.info("attempt %s: run %s #%s (%s, timeout %ss)", attempt_id, spec["runId"], spec["attemptNumber"],
+                 spec["executor"], spec["timeoutSeconds"])
+        lease_window = 2 * self.lease["renewIntervalSeconds"]
+        try:
+            started = self._ack(wire.LEASE_STARTING, {}, patience=lease_window / 2)
+        except (ApiError, TransportError) as exc:
+            log.error("attempt %s: starting ACK refused, not starting: %s", attempt_id, exc)
+            return
+        if started["cancelRequested"]:
+            self._ack(wire.LEASE_START_FAILED, {"reason": "cancelled"}, patience=lease_window / 2)
+            log.info("attempt %s: cancelled before it started", attempt_id)
+            return
+        try:
+            self.execution = Execution(executor=spec["executor"], command=spec["command"], env=spec["env"],
+                                       timeout_seconds=spec["timeoutSeconds"], work_dir=self.agent.settings.work_dir)
+        except StartFailed as exc:
+            log.error("attempt %s: could not start: %s", attempt_id, exc)
+            self._ack(wire.LEASE_START_FAILED, {"reason": "executor_start_failed"}, patience=lease_window / 2)
+            return
+        execution = self.execution
+        sent = time.monotonic()
+        try:
+            running = self._ack(wire.LEASE_RUNNING, {"pid": execution.pid, "pgid": execution.pid,
+                                                     "executorHandle": execution.handle}, patience=lease_window / 2)
+        except (ApiError, TransportError) as exc:
+            log.error("attempt %s: running ACK refused; stopping the process: %s", attempt_id, exc)
+            execution.stop("cancelled")
+            return
+        self.lease = running["lease"]
+        lease_deadline = sent + lease_window
+        next_renew = sent + self.lease["renewIntervalSeconds"]
+        if running["cancelRequested"]:
+            self._cancel.set()
+        while True:
+            step = min(1.0, next_renew - time.monotonic(), execution.deadline - time.monotonic())
+            if execution.wait(step):
+                break
+            now = time.monotonic()
+            if self._cancel.is_set():
+                execution.stop("cancelled")
+                break
+            if now >= execution.deadline:
+                execution.stop("timed_out")
+                break
+            if now >= next_renew:
+                sent = time.monotonic()
+                try:
+                    body = {**self._fence(), "leaseVersion": self.lease["leaseVersion"]}
+                    renewed = self.agent.call(wire.LEASE_RENEW, body, patience=max(0.0, lease_deadline - sent - 0.5))
+                except (ApiError, TransportError) as exc:
+                    log.error("attempt %s: lease lost (%s); killing the process, not reporting", attempt_id, exc)
+                    execution.stop("cancelled")
+                    return
+                self.lease = renewed["lease"]
+                lease_deadline = sent + lease_window
+                next_renew = sent + self.lease["renewIntervalSeconds"]
+                if renewed["cancelRequested"]:
+                    self._cancel.set()
+        result = execution.result()
+        if self._abandon.is_set():
+            return
+        completion = {**self._fence(), "sequence": 1, "outcome": result.outcome, "exitCode": result.exit_code,
+                      "stdoutTail": result.stdout_tail, "stderrTail": result.stderr_tail}
+        try:
+            answer = self.agent.call(wire.LEASE_COMPLETE, completion,
+                                     patience=max(1.0, lease_deadline - time.monotonic()))
+        except (ApiError, TransportError) as exc:
+            log.error("attempt %s: completion not accepted: %s", attempt_id, exc)
+            return
+        log.info("attempt %s: %s (exit %s)", attempt_id, answer["outcome"], result.exit_code)
