@@ -1,0 +1,36 @@
+# The two commands a newcomer needs: `make run` and `make test` (see README.md).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent lint clean
+
+$(VENV)/.base: requirements/base.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -r requirements/base.txt
+	$(PIP) install --no-deps -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.base requirements/dev.txt
+	$(PIP) install -r requirements/dev.txt
+	touch $@
+
+## run: control plane + a real local worker running four sample jobs (ONCE=1: exit after them)
+run: $(VENV)/.base
+	$(PY) scripts/launch.py
+
+## test: the whole suite on SQLite, then on PostgreSQL ($(PG_URL))
+test: $(VENV)/.dev
+	$(PY) scripts/run_tests.py --pg-url $(PG_URL) $(ARGS)
+
+test-sqlite: $(VENV)/.dev
+	$(PY) scripts/run_tests.py --only sqlite $(ARGS)
+
+test-postgres: $(VENV)/.dev
+	$(PY) scripts/run_tests.py --only postgres --pg-url $(PG_URL) $(ARGS)
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .hypothesis

@@ -1,0 +1,58 @@
+"""One dispatch/sweep cycle: the periodic work of the control plane (ADR-0012 §3, §4).
+
+Called by Celery beat (``qinglong.tasks.sweep_cycle``, cluster profile), by ``manage.py sweep``
+and by the in-process loop of ``manage.py serve`` (standalone profile). Every step is a bounded
+batch of single-item transactions whose writes re-check their preconditions, so any number of
+cycles may run at once on any number of replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import asdict, dataclass
+
+from leases.services import sweep_expired_leases
+from placement.services import refresh_placement_summaries
+from runs.services import sweep_due_retries
+from workers.services import sweep_expired_sessions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    sessions_expired: int
+    leases_settled: int
+    retries_queued: int
+    summaries_changed: int
+
+    def any(self) -> bool:
+        return any(asdict(self).values())
+
+
+def run_cycle() -> CycleReport:
+    """Expire lapsed sessions, settle lapsed leases, queue due retries, refresh pending summaries."""
+    report = CycleReport(
+        sessions_expired=sweep_expired_sessions(),
+        leases_settled=sweep_expired_leases(),
+        retries_queued=sweep_due_retries(),
+        summaries_changed=refresh_placement_summaries(),
+    )
+    if report.any():
+        log.info("sweep cycle: %s", asdict(report))
+    return report
+
+
+def loop(stop: threading.Event, interval_seconds: float) -> None:
+    """Run cycles every ``interval_seconds`` until ``stop`` is set (one thread, no overlap)."""
+    from django.db import close_old_connections
+
+    while not stop.is_set():
+        try:
+            run_cycle()
+        except Exception:  # keep sweeping: one bad cycle must not stop lease expiry for good
+            log.exception("sweep cycle failed")
+        finally:
+            close_old_connections()
+        stop.wait(interval_seconds)

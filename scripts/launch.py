@@ -1,0 +1,234 @@
+"""`make run`: the control plane plus one real local worker, executing four sample runs.
+
+Steps: migrate the SQLite default, create an operator login (printed), start the control plane
+(``manage.py serve``: waitress + the in-process sweep loop), enroll a local worker with a fresh
+single-use token, start ``qinglong-worker run`` as a separate process under a small supervisor
+(restarted when it exits fenced, status 3 — kill it to watch generation 2 take over), create four
+sample tasks through the operator API and enqueue one run of each, then print each outcome as it
+lands. ``ONCE=1`` stops after the samples (drain, offline, shutdown) and exits 0 only if every
+sample ended as expected; otherwise it keeps serving the admin until Ctrl-C.
+
+This script imports no Django: it drives the product the way an operator would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = Path(os.environ.get("QINGLONG_VAR_DIR", ROOT / "var"))
+PORT = int(os.environ.get("PORT", "8000"))
+SERVER = f"http://127.0.0.1:{PORT}"
+PY = sys.executable
+ONCE = os.environ.get("ONCE", "") not in ("", "0")
+
+SAMPLES = [
+    # name, revision spec, expected (state, exit code)
+    ("sample-shell", {"executor": "shell", "timeoutSeconds": 30,
+                      "command": 'echo "hello from $(uname -n)"; uname -sm'}, ("succeeded", 0)),
+    ("sample-python", {"executor": "python", "timeoutSeconds": 30,
+                       "command": "import platform, sys\nprint('python', platform.python_version(), 'sum', "
+                                  "sum(range(1000)))\nsys.exit(0)\n",
+                       "placement": {"required": {"runtimes": {"python": ">=3.8"}}}}, ("succeeded", 0)),
+    ("sample-exit-3", {"executor": "shell", "timeoutSeconds": 30,
+                       "command": "echo 'about to fail' >&2; exit 3"}, ("failed", 3)),
+    ("sample-timeout", {"executor": "shell", "timeoutSeconds": 2, "command": "echo sleeping; sleep 60"},
+     ("timed_out", None)),
+]
+
+
+def say(message: str) -> None:
+    print(f"[make run] {message}", flush=True)
+
+
+def manage(*args: str, capture: bool = True) -> str:
+    done = subprocess.run([PY, str(ROOT / "manage.py"), *args], cwd=ROOT, check=True, text=True,
+                          capture_output=capture)
+    return done.stdout.strip() if capture else ""
+
+
+class Operator:
+    """A tiny client for the operator API (staff token)."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            SERVER + path, method=method, data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=15) as response:
+                return response.status, json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+
+def wait_for_server(server: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the control plane exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(SERVER + "/admin/login/", timeout=2):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.3)
+    raise SystemExit(f"the control plane did not answer on {SERVER} within {timeout}s")
+
+
+class Supervisor:
+    """Keeps one worker agent running; restarts it when it exits fenced (new process, new session)."""
+
+    RESTARTABLE = (3,)
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.process: subprocess.Popen | None = None
+        self.stopping = threading.Event()
+        self.final_status: int | None = None
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _spawn(self) -> subprocess.Popen:
+        return subprocess.Popen(
+            [PY, "-m", "agent", "--state-dir", str(self.state_dir), "run", "--max-concurrent", "2",
+             "--label", "zone=local", "--poll-max", "2", "--drain-timeout", "30"],
+            cwd=ROOT,
+        )
+
+    def _loop(self) -> None:
+        restarts: list[float] = []
+        while not self.stopping.is_set():
+            self.process = self._spawn()
+            status = self.process.wait()
+            if self.stopping.is_set():
+                self.final_status = status
+                return
+            restarts = [t for t in restarts if t > time.monotonic() - 60] + [time.monotonic()]
+            if (status in self.RESTARTABLE or status < 0) and len(restarts) <= 5:
+                say(f"worker exited with {status}; starting a fresh process (it registers a new session)")
+                continue
+            say(f"worker exited with {status}; not restarting")
+            self.final_status = status
+            return
+
+    def stop(self, timeout: float = 60) -> int | None:
+        self.stopping.set()
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        self.thread.join(timeout)
+        return self.final_status if self.final_status is not None else (
+            self.process.returncode if self.process else None)
+
+
+def ensure_task(operator: Operator, name: str, spec: dict) -> None:
+    status, body = operator.call("POST", "/api/v1/ops/tasks", {"name": name, **spec})
+    if status == 201:
+        return
+    if status == 400 and body.get("field") == "name":  # exists from an earlier run: add a revision
+        status, body = operator.call("POST", f"/api/v1/ops/tasks/{name}/revisions", spec)
+        if status == 201:
+            return
+    raise SystemExit(f"could not create task {name}: {status} {body}")
+
+
+def main() -> int:
+    VAR.mkdir(parents=True, exist_ok=True)
+    say("migrating the SQLite database in var/")
+    manage("migrate", "--noinput")
+    login = dict(part.split("=", 1) for part in manage("create_operator", "admin").split())
+    say(f"admin login: {SERVER}/admin/  username={login['username']}  password={login['password']}")
+    say(f"operator API token: {login['token']}")
+    server = subprocess.Popen([PY, str(ROOT / "manage.py"), "serve", "--port", str(PORT)], cwd=ROOT)
+    supervisor = None
+    try:
+        wait_for_server(server)
+        token = manage("enroll_worker", "local-worker", "--token-only")
+        state_dir = VAR / "worker"
+        subprocess.run([PY, "-m", "agent", "--state-dir", str(state_dir), "enroll", "--server", SERVER,
+                        "--token", token, "--worker", "local-worker"], cwd=ROOT, check=True)
+        supervisor = Supervisor(state_dir)
+        supervisor.start()
+        operator = Operator(login["token"])
+        runs = {}
+        for name, spec, expected in SAMPLES:
+            ensure_task(operator, name, spec)
+            status, run = operator.call("POST", "/api/v1/ops/runs", {"task": name})
+            if status != 201:
+                raise SystemExit(f"could not enqueue {name}: {status} {run}")
+            runs[run["id"]] = (name, expected)
+            say(f"queued {name}: run {run['id']}")
+        ok = watch(operator, runs, supervisor)
+        if not ONCE:
+            say(f"serving the admin at {SERVER}/admin/ — Ctrl-C to stop (drain, offline, shutdown)")
+            signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+            try:
+                while server.poll() is None:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+        say("stopping the worker (drain, then offline)")
+        status = supervisor.stop()
+        supervisor = None
+        if status != 0:
+            say(f"worker shutdown failed with status {status}")
+            ok = False
+        else:
+            say("worker drained and went offline cleanly")
+        return 0 if ok else 1
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
+
+
+def watch(operator: Operator, runs: dict[str, tuple[str, tuple[str, int | None]]], supervisor: Supervisor,
+          timeout: float = 120) -> bool:
+    pending = dict(runs)
+    ok = True
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        if supervisor.final_status is not None:
+            say(f"BAD the worker stopped (status {supervisor.final_status}) with {len(pending)} sample(s) pending")
+            return False
+        for run_id, (name, (state, exit_code)) in list(pending.items()):
+            status, run = operator.call("GET", f"/api/v1/ops/runs/{run_id}")
+            if status != 200 or run["state"] not in TERMINAL:
+                continue
+            del pending[run_id]
+            attempt = run["attempts"][-1] if run["attempts"] else {}
+            as_expected = run["state"] == state and (exit_code is None or run["exitCode"] == exit_code)
+            ok &= as_expected
+            tail = (attempt.get("stdoutTail") or attempt.get("stderrTail") or "").strip().splitlines()
+            say(f"{'ok ' if as_expected else 'BAD'} {name}: {run['state']} exit={run['exitCode']} "
+                f"on {attempt.get('workerName')} (attempt {attempt.get('number')})"
+                + (f" — {tail[-1][:80]}" if tail else ""))
+        time.sleep(0.3)
+    for run_id, (name, _) in pending.items():
+        say(f"BAD {name}: run {run_id} did not finish within {timeout}s")
+        ok = False
+    return ok
+
+
+if __name__ == "__main__":
+    sys.exit(main())

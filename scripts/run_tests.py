@@ -1,0 +1,73 @@
+"""`make test`: the whole suite on SQLite, then on PostgreSQL.
+
+The SQLite leg runs everything. The PostgreSQL leg runs every database test again against a real
+server (``--pg-url``, default postgres://postgres@127.0.0.1:5432/qinglong); tests that need no
+database (protocol, agent internals) run once. If PostgreSQL cannot be reached the leg is skipped
+with a loud message — except under ``CI=true``, where that is a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Test folders that touch no database: run once, in the SQLite leg.
+NO_DB = ["tests/protocol", "tests/agent/unit"]
+
+
+def postgres_reachable(url: str) -> str | None:
+    """None if a connection to the server works, else the error text."""
+    import psycopg
+
+    parts = urlsplit(url)
+    try:
+        with psycopg.connect(host=parts.hostname, port=parts.port or 5432, user=parts.username or "postgres",
+                             password=parts.password or None, dbname="postgres", connect_timeout=5):
+            return None
+    except psycopg.Error as exc:
+        return str(exc).strip()
+
+
+def pytest(env: dict[str, str], extra: list[str]) -> int:
+    workers = os.environ.get("QINGLONG_TEST_WORKERS", "2")
+    command = [sys.executable, "-m", "pytest", "-n", workers, "--dist", "loadgroup", "--timeout", "600", *extra]
+    started = time.monotonic()
+    status = subprocess.call(command, cwd=ROOT, env=env)
+    print(f"[make test] leg {env['QINGLONG_TEST_LEG']}: exit {status} in {time.monotonic() - started:.0f}s",
+          flush=True)
+    return status
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432/qinglong")
+    parser.add_argument("--only", choices=["sqlite", "postgres"])
+    args, extra = parser.parse_known_args()
+    ci = os.environ.get("CI", "").lower() == "true"
+    base = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    base.pop("DATABASE_URL", None)
+    statuses = []
+    if args.only in (None, "sqlite"):
+        statuses.append(pytest({**base, "QINGLONG_TEST_LEG": "sqlite"}, extra))
+    if args.only in (None, "postgres"):
+        problem = postgres_reachable(args.pg_url)
+        if problem is not None:
+            print(f"[make test] PostgreSQL at {args.pg_url} is unreachable: {problem}", flush=True)
+            if ci:
+                print("[make test] CI=true: a PostgreSQL leg that cannot connect fails", flush=True)
+                return 1
+            print("[make test] SKIPPING the PostgreSQL leg (set CI=true to make this an error)", flush=True)
+        else:
+            env = {**base, "QINGLONG_TEST_LEG": "postgres", "DATABASE_URL": args.pg_url}
+            statuses.append(pytest(env, [*extra, *[f"--ignore={path}" for path in NO_DB]]))
+    return max(statuses, default=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The real agent process against a live control plane: real jobs, restart, fencing, shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from protocol import wire
+from runs.models import Run
+from tests.helpers import SignedClient, enqueue, make_revision
+from workers import services as worker_services
+from workers.models import WorkerSession
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def agent(state: Path, *args: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "QINGLONG_WORKER_LOG_LEVEL": "INFO"}
+    return subprocess.Popen([sys.executable, "-m", "agent", "--state-dir", str(state), *args], cwd=ROOT,
+                            env=env, **popen)
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def enrolled_agent(live_server, tmp_path):
+    worker = worker_services.worker_create(name="e2e-worker")
+    issued = worker_services.enrollment_token_create(worker_id=worker.pk)
+    state = tmp_path / "state"
+    done = agent(state, "enroll", "--server", live_server.url, "--token", issued.token, "--worker", "e2e-worker")
+    assert done.wait(30) == 0
+    assert (state / "credential.json").stat().st_mode & 0o777 == 0o600
+    return worker, state
+
+
+def test_agent_runs_real_jobs_restarts_as_generation_2_and_drains(enrolled_agent, client):
+    worker, state = enrolled_agent
+    samples = {
+        "shell": (make_revision(command="echo hello-shell"), "succeeded", 0),
+        "python": (make_revision(executor="python", command="print('hello', 6 * 7)"), "succeeded", 0),
+        "exit-3": (make_revision(command="exit 3"), "failed", 3),
+        "timeout": (make_revision(command="sleep 30", timeout_seconds=2), "timed_out", None),
+    }
+    runs = {name: enqueue(revision) for name, (revision, _, _) in samples.items()}
+    process = agent(state, "run", "--max-concurrent", "4", "--poll-max", "1", "--drain-timeout", "10")
+    try:
+        def all_done():
+            states = dict(Run.objects.filter(pk__in=[r.pk for r in runs.values()]).values_list("pk", "state"))
+            return all(s in ("succeeded", "failed", "timed_out", "cancelled") for s in states.values())
+
+        wait_for(all_done, what="the four sample runs")
+        for name, (_, state_expected, exit_code) in samples.items():
+            run = Run.objects.get(pk=runs[name].pk)
+            assert run.state == state_expected, (name, run.state)
+            if exit_code is not None:
+                assert run.exit_code == exit_code, name
+        assert "hello 42" in Run.objects.get(pk=runs["python"].pk).attempts.get().stdout_tail
+
+        first = WorkerSession.objects.get(worker=worker, generation=1)
+        process.send_signal(signal.SIGKILL)  # a crash: no drain, no offline
+        process.wait(10)
+        process = agent(state, "run", "--poll-max", "1", "--drain-timeout", "10")
+        second = wait_for(lambda: WorkerSession.objects.filter(worker=worker, generation=2).first(),
+                          what="generation 2")
+        assert second.state == "online"
+        first.refresh_from_db()
+        assert first.state == "fenced"
+
+        from agent.state import StateDir
+        from tests.helpers import Enrolled
+
+        credential, key = StateDir(state).load()
+        api = SignedClient(client, Enrolled(worker.pk, worker.name, credential.credentialId, key))
+        before = list(WorkerSession.objects.order_by("pk").values())
+        answer = api.post(wire.SESSION_HEARTBEAT, {"sessionId": str(first.pk), "generation": 1,
+                                                   "expectedVersion": first.version, "availableSlots": 1})
+        assert answer.status_code == 409 and answer.json()["code"] == "session_superseded"
+        assert list(WorkerSession.objects.order_by("pk").values()) == before
+
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        second.refresh_from_db()
+        assert second.state == "offline"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

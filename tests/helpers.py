@@ -1,0 +1,116 @@
+"""Test helpers: build workers, sessions, tasks and runs through the real services, and sign
+requests exactly as the agent does."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from protocol import capabilities as caps
+from protocol import strictjson
+from protocol.ids import uuid7
+from protocol.signing import public_key_text, sign_request
+from runs import services as run_services
+from workers import services as worker_services
+
+BASE_SNAPSHOT: dict[str, Any] = {
+    "arch": "x86_64",
+    "os": "linux",
+    "executors": ["python", "shell"],
+    "runtimes": [{"name": "python", "version": "3.11.7"}, {"name": "bash", "version": "5.2.15"}],
+    "labels": {"zone": "eu-1"},
+    "memoryMiB": 4096,
+    "diskMiB": 20480,
+    "cpuCount": 4,
+    "gpus": [],
+    "features": [],
+}
+
+
+def snapshot(**overrides: Any) -> caps.CapabilitySnapshot:
+    return caps.snapshot({**BASE_SNAPSHOT, **overrides})
+
+
+@dataclass
+class Enrolled:
+    """A worker with a credential and its private key, as an enrolled agent holds them."""
+
+    worker_id: uuid.UUID
+    name: str
+    credential_id: str
+    key: Ed25519PrivateKey
+
+
+def enrolled_worker(name: str | None = None) -> Enrolled:
+    name = name or f"w-{secrets.token_hex(4)}"
+    worker = worker_services.worker_create(name=name)
+    issued = worker_services.enrollment_token_create(worker_id=worker.pk)
+    key = Ed25519PrivateKey.generate()
+    credential = worker_services.worker_enroll(token=issued.token, public_key=public_key_text(key.public_key()))
+    return Enrolled(worker.pk, name, credential.pk, key)
+
+
+@dataclass
+class Session:
+    worker: Enrolled
+    session_id: uuid.UUID
+    generation: int
+    version: int
+
+    def fence(self) -> dict[str, Any]:
+        return {"sessionId": str(self.session_id), "generation": self.generation}
+
+
+def register(worker: Enrolled, *, session_id: uuid.UUID | None = None, max_concurrent: int = 2,
+             slots: int | None = None, snap: caps.CapabilitySnapshot | None = None) -> Session:
+    view = worker_services.session_register(
+        worker_id=worker.worker_id,
+        session_id=session_id or uuid7(),
+        capabilities=snap or snapshot(),
+        max_concurrent_runs=max_concurrent,
+        available_slots=max_concurrent if slots is None else slots,
+        software_version="test/1",
+        protocol_version=1,
+    )
+    return Session(worker, view.session.pk, view.session.generation, view.session.version)
+
+
+def make_revision(name: str | None = None, *, command: str = "true", executor: str = "shell",
+                  timeout_seconds: int = 30, placement: dict | None = None, **policy: Any):
+    return run_services.task_create(
+        name=name or f"t-{secrets.token_hex(4)}",
+        spec=run_services.RevisionSpec(executor=executor, command=command, timeout_seconds=timeout_seconds,
+                                       placement=placement, **policy),
+    )
+
+
+def enqueue(revision, priority: int = 0):
+    return run_services.run_enqueue(revision_id=revision.pk, priority=priority)
+
+
+@dataclass
+class OfferTicket:
+    """What an agent keeps about one offer: its id and token, and the lease fields it was sent."""
+
+    offer_id: uuid.UUID = field(default_factory=uuid7)
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+
+
+class SignedClient:
+    """Django's test client, signing every request with a worker key (RFC 9421 profile)."""
+
+    def __init__(self, client, worker: Enrolled) -> None:
+        self.client = client
+        self.worker = worker
+
+    def post(self, path: str, body: Any, *, key: Ed25519PrivateKey | None = None, key_id: str | None = None,
+             headers: dict[str, str] | None = None, **sign_kwargs: Any):
+        raw = body if isinstance(body, bytes) else strictjson.dumps(body)
+        signed = sign_request(method="POST", path=path, body=raw, key_id=key_id or self.worker.credential_id,
+                              private_key=key or self.worker.key, **sign_kwargs)
+        return self.client.generic("POST", path, raw, content_type="application/json",
+                                   headers={**signed, **(headers or {})})

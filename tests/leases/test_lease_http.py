@@ -1,0 +1,125 @@
+"""Claim → starting → running → complete over signed HTTP, and the completion fences."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from audit.models import Event
+from leases.models import RunDispatchLease
+from protocol import wire
+from runs.models import Run, RunAttempt
+from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
+
+pytestmark = pytest.mark.django_db
+
+
+def snapshot_rows():
+    return (
+        list(RunDispatchLease.objects.order_by("pk").values()),
+        list(RunAttempt.objects.order_by("pk").values()),
+        list(Run.objects.order_by("pk").values()),
+        Event.objects.count(),
+    )
+
+
+@pytest.fixture
+def started(client):
+    """A worker whose session holds a running attempt, claimed and ACKed over HTTP."""
+    worker = enrolled_worker()
+    session = register(worker)
+    run = enqueue(make_revision(command="echo hi"))
+    api = SignedClient(client, worker)
+    ticket = OfferTicket()
+    claimed = api.post(wire.CLAIM, {**session.fence(), "workerId": str(worker.worker_id),
+                                    "offers": [{"offerId": str(ticket.offer_id), "leaseToken": ticket.token}]})
+    assert claimed.status_code == 200, claimed.json()
+    offer = claimed.json()["offers"][0]
+    assert offer["status"] == "claimed" and offer["execution"]["runId"] == str(run.pk)
+    assert offer["execution"]["command"] == "echo hi"
+    lease = offer["lease"]
+    fence = {**session.fence(), "attemptId": lease["attemptId"], "leaseGeneration": lease["leaseGeneration"],
+             "leaseToken": ticket.token}
+    ack = api.post(wire.LEASE_STARTING, {**fence, "offerId": str(ticket.offer_id), "leaseVersion": 0})
+    assert ack.status_code == 200, ack.json()
+    ack = api.post(wire.LEASE_RUNNING, {**fence, "offerId": str(ticket.offer_id), "leaseVersion": 0, "pid": 4242,
+                                        "pgid": 4242, "executorHandle": "pid=4242 pgid=4242"})
+    assert ack.status_code == 200, ack.json()
+    assert Run.objects.get(pk=run.pk).state == "running"
+    return api, session, worker, run, fence
+
+
+def complete_body(fence, **changes):
+    return {**fence, "sequence": 1, "outcome": "succeeded", "exitCode": 0, "stdoutTail": "hi\n", "stderrTail": "",
+            **changes}
+
+
+def test_claim_start_run_complete_over_signed_http(started):
+    api, _, _, run, fence = started
+    done = api.post(wire.LEASE_COMPLETE, complete_body(fence))
+    assert done.status_code == 200, done.json()
+    assert done.json()["outcome"] == "succeeded"
+    run.refresh_from_db()
+    assert run.state == "succeeded" and run.exit_code == 0
+    attempt = RunAttempt.objects.get(run=run)
+    assert attempt.state == "succeeded" and attempt.stdout_tail == "hi\n" and attempt.pid == 4242
+    lease = RunDispatchLease.objects.get(attempt=attempt)
+    assert lease.state == "completed" and lease.completion_sequence == 1
+    # the raw token is nowhere in the database
+    assert fence["leaseToken"] not in str(list(RunDispatchLease.objects.values()))
+
+    before = snapshot_rows()
+    replay = api.post(wire.LEASE_COMPLETE, complete_body(fence))
+    assert replay.status_code == 200 and replay.json() == done.json()
+    assert snapshot_rows() == before
+    conflicting = api.post(wire.LEASE_COMPLETE, complete_body(fence, outcome="failed", exitCode=1))
+    assert conflicting.status_code == 409 and conflicting.json()["code"] == "lease_completed"
+    assert snapshot_rows() == before
+
+
+def test_completion_with_a_wrong_token_is_refused_and_writes_nothing(started):
+    api, *_, fence = started
+    before = snapshot_rows()
+    answer = api.post(wire.LEASE_COMPLETE, complete_body(fence, leaseToken="A" * 43))
+    assert answer.status_code == 409 and answer.json()["code"] == "lease_token_mismatch"
+    assert answer.json()["field"] == "leaseToken"
+    assert snapshot_rows() == before
+
+
+def test_completion_from_an_old_session_is_refused_and_writes_nothing(started):
+    api, session, worker, _, fence = started
+    register(worker)  # the process restarted: generation 2 fences generation 1 and settles its lease
+    before = snapshot_rows()
+    answer = api.post(wire.LEASE_COMPLETE, complete_body(fence))
+    assert answer.status_code == 409 and answer.json()["code"] == "session_superseded"
+    assert snapshot_rows() == before
+
+
+def test_completion_after_lease_expiry_is_refused_and_writes_nothing(started):
+    api, *_, fence = started
+    lease = RunDispatchLease.objects.get(attempt_id=fence["attemptId"])
+    RunDispatchLease.objects.filter(pk=lease.pk).update(expires_at=lease.claimed_at - timedelta(seconds=1))
+    before = snapshot_rows()
+    answer = api.post(wire.LEASE_COMPLETE, complete_body(fence))
+    assert answer.status_code == 409 and answer.json()["code"] == "lease_expired"
+    assert snapshot_rows() == before
+
+
+def test_claim_replay_rebuilds_the_same_offer_and_another_token_conflicts(client):
+    worker = enrolled_worker()
+    session = register(worker)
+    enqueue(make_revision())
+    api = SignedClient(client, worker)
+    ticket = OfferTicket()
+    body = {**session.fence(), "offers": [{"offerId": str(ticket.offer_id), "leaseToken": ticket.token}]}
+    first = api.post(wire.CLAIM, body)
+    second = api.post(wire.CLAIM, body)
+    assert first.status_code == second.status_code == 200
+    assert second.json()["offers"][0]["status"] == "idempotent"
+    assert first.json()["offers"][0]["execution"] == second.json()["offers"][0]["execution"]
+    assert RunDispatchLease.objects.count() == 1
+    other = {**session.fence(), "offers": [{"offerId": str(ticket.offer_id), "leaseToken": "B" * 43}]}
+    conflict = api.post(wire.CLAIM, other)
+    assert conflict.status_code == 409 and conflict.json()["code"] == "lease_offer_conflict"
+    assert conflict.json()["field"] == "offers[0].offerId"
