@@ -32,5 +32,9 @@ test-sqlite: $(VENV)/.dev
 test-postgres: $(VENV)/.dev
 	$(PY) scripts/run_tests.py --only postgres --pg-url $(PG_URL) $(ARGS)
 
+## bench-agent: idle RSS and CPU of the headless agent (budget: < 40 MiB, < 0.5 % of a core)
+bench-agent: $(VENV)/.dev
+	$(PY) bench/agent_idle.py $(ARGS)
+
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis
