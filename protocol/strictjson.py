@@ -48,10 +48,13 @@ def display_key(key: Any) -> str:
     """An object key as it may appear in an error's ``field`` path.
 
     Control characters and lone surrogates are written as ``\\uXXXX`` (a lone surrogate could
-    not even be encoded in the UTF-8 error answer) and keys longer than :data:`MAX_PATH_KEY`
-    characters are cut, so echoing a hostile key back is always safe and bounded.
+    not even be encoded in the UTF-8 error answer), keys longer than :data:`MAX_PATH_KEY`
+    characters are cut, and the empty key is shown as ``""``, so echoing a hostile key back is
+    always safe, bounded and visible.
     """
     text = key if isinstance(key, str) else repr(key)
+    if not text:
+        return '""'
     if len(text) > MAX_PATH_KEY:
         text = text[:MAX_PATH_KEY] + "…"
     return _UNPRINTABLE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
