@@ -39,6 +39,7 @@ def satisfies(version: str, version_range: str) -> bool:
     Both were validated before they were stored (``protocol.capabilities.is_semver``,
     ``placement.spec.valid_range``); should the library still refuse a pair, the answer is
     "no" (a ``runtime`` mismatch), never an exception.
+    ADR-0012 §4.
     """
     try:
         return bool(nodesemver.satisfies(version, version_range, loose=False))
@@ -66,6 +67,7 @@ def first_mismatch(snapshot: dict[str, Any], required: dict[str, Any]) -> str | 
     required label present with exactly that value; memory and disk at least the minimum (MiB);
     at least ``gpu.count`` GPU devices of the vendor, each with the minimum memory and every
     required feature.
+    ADR-0012 §4.
     """
     if required["executor"] not in snapshot["executors"]:
         return "executor"
@@ -94,6 +96,7 @@ def score(snapshot: dict[str, Any], preferred: dict[str, Any]) -> int:
     """Sum of the weights (1–100 each) of ``preferred`` labels the snapshot carries with that value.
 
     0 when none match; at most 16 × 100. Used only to order eligible workers.
+    ADR-0012 §4.
     """
     labels = snapshot["labels"]
     return sum(entry["weight"] for entry in preferred["labels"] if labels.get(entry["key"]) == entry["value"])

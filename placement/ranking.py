@@ -47,13 +47,16 @@ class ClaimRanking:
         self._best: dict[str, Rank | None] = {}
 
     def others(self) -> list[LiveWorker]:
-        """The live workers other than the claimer (see ``placement.selectors.live_workers``)."""
+        """The live workers other than the claimer (``placement.selectors.live_workers``; ADR-0012 §4)."""
         if self._others is None:
             self._others = [w for w in live_workers(now=self.now) if str(w.worker_id) != self.worker_id]
         return self._others
 
     def best_other(self, placement_sha256: str, placement: dict[str, Any]) -> Rank | None:
-        """Rank of the best other live worker with a free slot that ``placement`` admits, or None."""
+        """Rank of the best other live worker with a free slot that ``placement`` admits, or None.
+
+        Cached per placement digest for the claim (ADR-0012 §4).
+        """
         if placement_sha256 not in self._best:
             ranks = [
                 rank_key(result.score, worker.free_slots, worker.worker_id)
@@ -69,6 +72,7 @@ class ClaimRanking:
         ``attempt.ready_at``: when it became claimable (DB time). Deferral holds only while the
         attempt is younger than the dispatch hold and a strictly better-ranked other live worker
         with a free slot exists.
+        ADR-0012 §4; SIBLINGS §5.
         """
         if attempt.ready_at <= self.now - self.hold:
             return False

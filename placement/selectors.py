@@ -36,7 +36,10 @@ MAX_LIVE_WORKERS = 16 * PAGE_SIZE
 
 #: (−score, −free slots, worker id as text): ascending order is the candidate order.
 Rank = tuple[int, int, str]
-_CURSOR = re.compile(r"(0|[1-9][0-9]{0,5}):(0|[1-9][0-9]{0,3}):([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\Z")
+_CURSOR = re.compile(
+    r"(0|[1-9][0-9]{0,5}):(0|[1-9][0-9]{0,3}):"
+    r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\Z"
+)
 
 
 def rank_key(score: int, free_slots: int, worker_id: uuid.UUID | str) -> Rank:
@@ -45,12 +48,15 @@ def rank_key(score: int, free_slots: int, worker_id: uuid.UUID | str) -> Rank:
 
 
 def encode_cursor(rank: Rank) -> str:
-    """The keyset cursor text of ``rank``: ``"<score>:<free slots>:<worker id>"``."""
+    """The keyset cursor text of ``rank``: ``"<score>:<free slots>:<worker id>"`` (ADR-0012 §4)."""
     return f"{-rank[0]}:{-rank[1]}:{rank[2]}"
 
 
 def decode_cursor(text: str, field: str = "after") -> Rank:
-    """Parse a cursor made by :func:`encode_cursor`; raises ``validation_failed`` at ``field``."""
+    """Parse a cursor made by :func:`encode_cursor` (ADR-0012 §4).
+
+    Raises ``validation_failed`` naming ``field`` for any other text.
+    """
     found = _CURSOR.match(text) if isinstance(text, str) else None
     if found is None:
         raise DomainError("validation_failed", "must be a cursor <score>:<free slots>:<worker id> from a "
@@ -60,13 +66,13 @@ def decode_cursor(text: str, field: str = "after") -> Rank:
 
 @lru_cache(maxsize=2048)
 def parse_capabilities(sha256: str, canonical: str) -> dict[str, Any]:
-    """Parsed snapshot for a stored canonical text (cached by digest; snapshots are immutable)."""
+    """Parsed snapshot of a stored canonical text (cached by digest: snapshots are immutable; ADR-0012 §2)."""
     return json.loads(canonical)
 
 
 @lru_cache(maxsize=1024)
 def parse_placement(sha256: str, canonical: str) -> dict[str, Any]:
-    """Parsed normalised placement for a stored canonical text (cached by digest)."""
+    """Parsed normalised placement for a stored canonical text (cached by digest) (ADR-0012 §4)."""
     return json.loads(canonical)
 
 
@@ -111,6 +117,7 @@ def live_workers(*, now: datetime, limit: int = MAX_LIVE_WORKERS) -> list[LiveWo
 
     ``now``: the database clock (``qinglong.db.db_now``), compared with session lease expiry.
     ``limit``: at most this many (default 1,024). One query; reads only.
+    ADR-0012 §3, §4.
     """
     sessions = (
         WorkerSession.objects.filter(
@@ -140,6 +147,7 @@ def ranked_candidates(placement: dict[str, Any], workers: list[LiveWorker]) -> l
 
     ``placement``: a normalised placement document; ``workers``: from :func:`live_workers`.
     Pure: no database access.
+    ADR-0012 §4.
     """
     eligible = []
     for worker in workers:
@@ -158,6 +166,7 @@ def candidate_page(
 
     ``size`` is capped at :data:`PAGE_SIZE` (64) and must be ≥ 1. ``next_after`` is the rank of
     the page's last candidate when more follow, else None. Pure: no database access.
+    ADR-0012 §4.
     """
     size = max(1, min(size, PAGE_SIZE))
     ranked = ranked_candidates(placement, workers)
@@ -175,7 +184,9 @@ def run_candidates(*, run_id: uuid.UUID, now: datetime, after: Rank | None = Non
     """
     from runs.models import Run
 
-    pinned = Run.objects.filter(pk=run_id).values_list("revision__placement_sha256", "revision__placement").first()
+    pinned = (
+        Run.objects.filter(pk=run_id).values_list("revision__placement_sha256", "revision__placement").first()
+    )
     if pinned is None:
         raise DomainError("run_not_found", "no such run")
     placement = parse_placement(*pinned)
@@ -190,6 +201,7 @@ def mismatch_summary(placement: dict[str, Any], workers: list[LiveWorker]) -> di
     slot), so a summary never holds labels, values or anything else a worker reported.
     Returns None when at least one live worker could take the run now, and ``{}`` when there
     is no live worker at all. Pure: no database access.
+    ADR-0012 §4.
     """
     counts: Counter[str] = Counter()
     for worker in workers:
@@ -204,7 +216,10 @@ def mismatch_summary(placement: dict[str, Any], workers: list[LiveWorker]) -> di
 
 
 def describe_summary(summary: dict[str, int]) -> str:
-    """``{"arch": 3, "capacity": 2}`` → ``"arch: 3, capacity: 2"``; ``{}`` → ``"no live worker"``."""
+    """Text of a summary (ADR-0012 §4): ``{"arch": 3, "capacity": 2}`` → ``"arch: 3, capacity: 2"``.
+
+    ``{}`` reads ``"no live worker"``.
+    """
     return ", ".join(f"{category}: {count}" for category, count in summary.items()) or "no live worker"
 
 
@@ -238,13 +253,16 @@ def _preview_order(row: PreviewRow) -> tuple[bool, int, int, str]:
     return (True, 0, 0, str(row.worker.worker_id))
 
 
-def placement_preview(placement: dict[str, Any], workers: list[LiveWorker], *, limit: int = PAGE_SIZE) -> Preview:
+def placement_preview(
+    placement: dict[str, Any], workers: list[LiveWorker], *, limit: int = PAGE_SIZE
+) -> Preview:
     """For operators: which live workers would take a revision now, and why each other would not.
 
     ``placement``: a normalised placement document; ``workers``: :func:`live_workers`; ``limit``
     is capped at 64 rows. A row's ``category`` is the first mismatch, or ``capacity`` for an
     eligible worker without a free slot; ``eligible`` means it would take the run now.
     Pure: no database access.
+    ADR-0012 §4.
     """
     rows = []
     for worker in workers:
@@ -252,7 +270,9 @@ def placement_preview(placement: dict[str, Any], workers: list[LiveWorker], *, l
         category = result.category
         if result.eligible and worker.free_slots <= 0:
             category = CAPACITY
-        rows.append(PreviewRow(worker=worker, eligible=category is None, score=result.score, category=category))
+        rows.append(
+            PreviewRow(worker=worker, eligible=category is None, score=result.score, category=category)
+        )
     rows.sort(key=_preview_order)
     limit = max(1, min(limit, PAGE_SIZE))
     counts = Counter(row.category for row in rows if row.category is not None)

@@ -20,6 +20,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+
 from django.core.cache import cache
 from django.db.models import Q
 
@@ -81,6 +82,7 @@ def refresh_placement_summaries(*, batch: int = SUMMARY_BATCH) -> int:
     Writes (via :func:`placement_summaries_store`, one transaction) only the runs whose summary
     changed. Safe to run on several replicas at once: each write is a compare-and-swap.
     Raises ``storage_busy``/``lock_timeout`` from the store; nothing else.
+    ADR-0012 §4.
     """
     now = db_now()
     waiting = _waiting_window(now, max(1, batch))

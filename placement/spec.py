@@ -210,10 +210,12 @@ def _required(doc: Any, executor: str) -> dict[str, Any]:
         normalised_labels[_label_key(key, field)] = _label_value(value, field)
     return {
         "executor": executor,
-        "arch": _unique_sorted([_normalise_arch(a, join_path("required.arch", i)) for i, a in enumerate(arches)],
-                               "required.arch"),
-        "os": _unique_sorted([_normalise_os(o, join_path("required.os", i)) for i, o in enumerate(oses)],
-                             "required.os"),
+        "arch": _unique_sorted(
+            [_normalise_arch(a, join_path("required.arch", i)) for i, a in enumerate(arches)], "required.arch"
+        ),
+        "os": _unique_sorted(
+            [_normalise_os(o, join_path("required.os", i)) for i, o in enumerate(oses)], "required.os"
+        ),
         "runtimes": dict(sorted(normalised_runtimes.items())),
         "labels": dict(sorted(normalised_labels.items())),
         "minMemoryMiB": _int(doc.get("minMemoryMiB"), "required.minMemoryMiB", 0, MAX_MEMORY_MIB, 0),
@@ -289,8 +291,12 @@ def normalise(doc: Any, *, executor: str) -> PlacementSpec:
     1–100, a normalised document over 8 KiB (field ``None``). Never raises anything else.
     """
     doc = _object(doc, _TOP, None)
-    document = {"required": _required(doc.get("required"), executor), "preferred": _preferred(doc.get("preferred"))}
+    document = {
+        "required": _required(doc.get("required"), executor),
+        "preferred": _preferred(doc.get("preferred")),
+    }
     canonical = canonical_bytes(document)
     if len(canonical) > MAX_PLACEMENT_BYTES:
-        raise _fail(None, f"normalised placement is {len(canonical)} bytes; the limit is {MAX_PLACEMENT_BYTES}")
+        raise _fail(None,
+                    f"normalised placement is {len(canonical)} bytes; the limit is {MAX_PLACEMENT_BYTES}")
     return PlacementSpec(document, canonical, hashlib.sha256(canonical).hexdigest())

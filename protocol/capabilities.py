@@ -113,7 +113,9 @@ SEMVER = re.compile(
     r"(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?\Z"
 )
 
-_KEYS = {"arch", "os", "executors", "runtimes", "labels", "memoryMiB", "diskMiB", "cpuCount", "gpus", "features"}
+_KEYS = {
+    "arch", "os", "executors", "runtimes", "labels", "memoryMiB", "diskMiB", "cpuCount", "gpus", "features",
+}
 _RUNTIME_KEYS = {"name", "version"}
 _GPU_KEYS = {"vendor", "model", "memoryMiB", "features"}
 _GPU_OPTIONAL = {"count"}
@@ -123,8 +125,9 @@ def _fail(field: str, message: str) -> ProtocolError:
     return ProtocolError("capabilities_invalid", message, field)
 
 
-def _exact_keys(doc: Any, allowed: set[str], field: str | None, optional: frozenset[str] | set[str] = frozenset()
-                ) -> dict[str, Any]:
+def _exact_keys(
+    doc: Any, allowed: set[str], field: str | None, optional: frozenset[str] | set[str] = frozenset()
+) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise _fail(field or "capabilities", "must be an object")
     unknown = sorted((key for key in doc if key not in allowed and key not in optional), key=display_key)
@@ -179,6 +182,7 @@ def normalise_os(value: Any, field: str = "os") -> str:
     """Canonical operating-system name (``macos`` -> ``darwin``, case-insensitive).
 
     Raises :class:`ProtocolError` ``capabilities_invalid`` at ``field`` for an unknown name.
+    ADR-0012 §4.
     """
     if not isinstance(value, str) or value.lower() not in OS_ALIASES:
         raise _fail(field, f"unknown operating system; use one of {', '.join(sorted(OPERATING_SYSTEMS))}")
@@ -190,6 +194,7 @@ def is_semver(value: Any) -> bool:
 
     ``1.2.3``, ``2.2.0-rc.1``, ``1.0.0+build.5`` pass; ``v1.2``, ``1.2``, ``01.2.3``,
     ``1.2.3\\n`` and non-ASCII digits do not. Never raises.
+    ADR-0012 §4.
     """
     if not isinstance(value, str) or len(value) > MAX_VERSION_LENGTH or not SEMVER.match(value):
         return False
@@ -210,7 +215,8 @@ def _runtimes(value: Any, field: str) -> list[dict[str, str]]:
         if not is_semver(item["version"]):
             raise _fail(
                 join_path(item_field, "version"),
-                f"must be an exact semantic version of at most {MAX_VERSION_LENGTH} characters such as 3.11.7",
+                f"must be an exact semantic version of at most {MAX_VERSION_LENGTH} characters "
+                "such as 3.11.7",
             )
         if name in seen:
             raise _fail(join_path(item_field, "name"), f"duplicate runtime {name!r}")
@@ -271,6 +277,7 @@ def canonical_bytes(value: Any) -> bytes:
 
     ``value``: JSON-compatible dicts/lists/strings/ints/bools/None. Raises ``rfc8785``'s errors
     for floats it cannot represent or integers beyond ±2^53 (never reached by normalised data).
+    ADR-0012 §4.
     """
     return rfc8785.dumps(value)
 

@@ -51,6 +51,7 @@ def display_key(key: Any) -> str:
     not even be encoded in the UTF-8 error answer), keys longer than :data:`MAX_PATH_KEY`
     characters are cut, and the empty key is shown as ``""``, so echoing a hostile key back is
     always safe, bounded and visible.
+    ADR-0012 §4.
     """
     text = key if isinstance(key, str) else repr(key)
     if not text:
@@ -185,6 +186,7 @@ def check_depth(text: str, max_depth: int) -> None:
     """Raise ``json_too_deep`` naming the path if arrays/objects nest deeper than ``max_depth``.
 
     Linear in ``len(text)``; no recursion whatever the nesting.
+    ADR-0012 §4.
     """
     _scan(text, max_depth=max_depth)
 
@@ -220,6 +222,7 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
     Raises :class:`ProtocolError` with code ``json_malformed``, ``json_too_deep``,
     ``json_duplicate_key``, ``json_number_out_of_range`` or ``json_invalid_string`` and the
     JSON path of the offending value as ``field`` (``None`` when the body as a whole is bad).
+    ADR-0012 §1, §4.
     """
     if isinstance(data, bytes):
         try:
@@ -238,8 +241,10 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
     except json.JSONDecodeError as exc:
         field = _scan(text, max_depth=max_depth, stop=exc.pos)
         if exc.msg.startswith("Invalid control character"):
-            raise ProtocolError("json_invalid_string", "a string holds a raw control character", field) from None
-        raise ProtocolError("json_malformed", f"{exc.msg} at line {exc.lineno} column {exc.colno}", field) from None
+            raise ProtocolError("json_invalid_string", "a string holds a raw control character",
+                                field) from None
+        raise ProtocolError("json_malformed", f"{exc.msg} at line {exc.lineno} column {exc.colno}",
+                            field) from None
     except (ValueError, RecursionError) as exc:  # pragma: no cover - the pre-scan bounds both
         raise ProtocolError("json_malformed", str(exc)[:200]) from None
     _walk(tree, None)
@@ -247,5 +252,5 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    """Compact UTF-8 JSON for request/response bodies (not canonical; see protocol.capabilities)."""
+    """Compact UTF-8 JSON for bodies (ADR-0012 §1); not canonical (see ``protocol.capabilities``)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")

@@ -70,9 +70,11 @@ class TaskRevisionAdmin(ReadOnlyAdmin):
                                     live_workers(now=db_now()))
         if not preview.live_workers:
             return "no live workers"
-        heading = format_html("{} of {} live workers would take it now{}", preview.eligible, preview.live_workers,
-                              format_html(" — why not: {}", describe_summary(preview.summary))
-                              if preview.summary is not None else "")
+        why_not = ""
+        if preview.summary is not None:
+            why_not = format_html(" — why not: {}", describe_summary(preview.summary))
+        heading = format_html("{} of {} live workers would take it now{}", preview.eligible,
+                              preview.live_workers, why_not)
         body = format_html_join(
             "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             ((r.worker.worker_name, "takes it" if r.eligible else "no", r.score, r.worker.free_slots,

@@ -12,7 +12,8 @@ class LiveWorkerRowSerializer(serializers.Serializer):
 
 class PreviewRowSerializer(LiveWorkerRowSerializer):
     eligible = serializers.BooleanField(help_text="true if this worker would take a run of the revision now")
-    category = serializers.CharField(allow_null=True, help_text="first mismatch, or capacity; null if it would take it")
+    category = serializers.CharField(allow_null=True,
+                                     help_text="first mismatch, or capacity; null if it would take it")
 
 
 class PreviewSerializer(serializers.Serializer):
@@ -20,8 +21,9 @@ class PreviewSerializer(serializers.Serializer):
     placement = serializers.JSONField(help_text="the normalised PlacementSpec pinned by the revision")
     liveWorkers = serializers.IntegerField(help_text="live workers considered (at most 1,024)")
     eligible = serializers.IntegerField(help_text="live workers that would take a run now")
-    summary = serializers.JSONField(allow_null=True,
-                                    help_text="{category: live workers} when none would take it ({} = none live)")
+    summary = serializers.JSONField(
+        allow_null=True, help_text="{category: live workers} when none would take it ({} = none live)"
+    )
     workers = PreviewRowSerializer(many=True, help_text="at most 64: takers first by rank, then the others")
     truncated = serializers.BooleanField()
 

@@ -10,7 +10,14 @@ from qinglong.db import db_now
 from qinglong.errors import DomainError
 from runs.models import TaskRevision
 
-from ..selectors import decode_cursor, encode_cursor, live_workers, parse_placement, placement_preview, run_candidates
+from ..selectors import (
+    decode_cursor,
+    encode_cursor,
+    live_workers,
+    parse_placement,
+    placement_preview,
+    run_candidates,
+)
 from .serializers import CandidatePageSerializer, PreviewSerializer
 
 
@@ -21,13 +28,15 @@ class PlacementPreviewView(OperatorAPIView):
 
     @extend_schema(responses={200: PreviewSerializer})
     def get(self, request, revision_id):
-        revision = TaskRevision.objects.filter(pk=revision_id).only("id", "placement", "placement_sha256").first()
-        if revision is None:
+        pinned = TaskRevision.objects.filter(pk=revision_id).values_list(
+            "pk", "placement_sha256", "placement"
+        ).first()
+        if pinned is None:
             raise DomainError("revision_not_found", "no such task revision")
-        placement = parse_placement(revision.placement_sha256, revision.placement)
+        revision_pk, placement = pinned[0], parse_placement(pinned[1], pinned[2])
         preview = placement_preview(placement, live_workers(now=db_now()))
         return Response(PreviewSerializer({
-            "revisionId": revision.pk, "placement": placement, "liveWorkers": preview.live_workers,
+            "revisionId": revision_pk, "placement": placement, "liveWorkers": preview.live_workers,
             "eligible": preview.eligible, "summary": preview.summary, "workers": preview.rows,
             "truncated": preview.truncated,
         }).data)
@@ -39,12 +48,14 @@ class RunCandidatesView(OperatorAPIView):
     http_method_names = ["get", "options"]
 
     @extend_schema(
-        parameters=[OpenApiParameter("after", str, required=False, description="nextAfter of the previous page")],
+        parameters=[OpenApiParameter("after", str, required=False,
+                                     description="nextAfter of the previous page")],
         responses={200: CandidatePageSerializer},
     )
     def get(self, request, run_id):
         after = request.query_params.get("after")
-        page = run_candidates(run_id=run_id, now=db_now(), after=decode_cursor(after) if after is not None else None)
+        cursor = decode_cursor(after) if after is not None else None
+        page = run_candidates(run_id=run_id, now=db_now(), after=cursor)
         return Response(CandidatePageSerializer({
             "runId": run_id, "candidates": page.candidates,
             "nextAfter": encode_cursor(page.next_after) if page.next_after is not None else None,

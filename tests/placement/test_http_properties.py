@@ -20,7 +20,7 @@ from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
 
-HTTP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+HTTP = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def stored():

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from placement import spec
 from placement.matching import satisfies
+from protocol import strictjson
 from protocol.errors import ProtocolError
 from tests.protocol.strategies import JSON, invalid_placements, placement_docs, reordered, rewhitespaced
-from protocol import strictjson
 
 
 def refused(document, executor: str = "shell") -> ProtocolError:

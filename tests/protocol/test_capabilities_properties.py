@@ -8,7 +8,14 @@ from hypothesis import strategies as st
 from protocol import capabilities as caps
 from protocol import strictjson
 from protocol.errors import ProtocolError
-from tests.protocol.strategies import JSON, invalid_snapshots, reordered, respelled_aliases, rewhitespaced, snapshot_docs
+from tests.protocol.strategies import (
+    JSON,
+    invalid_snapshots,
+    reordered,
+    respelled_aliases,
+    rewhitespaced,
+    snapshot_docs,
+)
 
 
 @settings(max_examples=150, deadline=None)
