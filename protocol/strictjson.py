@@ -136,33 +136,29 @@ def _decode_key(raw: str) -> str:
         return raw
 
 
+#: The tokens that matter for paths: whole strings (escapes included), an unterminated string,
+#: and the structural characters. Everything else (numbers, literals, whitespace) is skipped.
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|"|[\[\]{}:,]', re.DOTALL)
+
+
 def _scan(text: str, *, max_depth: int, stop: int | None = None) -> str | None:
-    """Walk ``text`` once, tracking the JSON path; never recurses.
+    """Walk ``text`` once, tracking the JSON path; never recurses (ADR-0012 §4).
 
     Raises ``json_too_deep`` (with the path of the container crossing ``max_depth``). With
     ``stop``, returns the path of the value being read at character offset ``stop``.
     """
     frames: list[_Frame] = []
     end = len(text) if stop is None else min(stop, len(text))
-    position = 0
-    while position < end:
-        char = text[position]
-        if char == '"':
-            closing = position + 1
-            while closing < len(text):
-                if text[closing] == "\\":
-                    closing += 2
-                    continue
-                if text[closing] == '"':
-                    break
-                closing += 1
-            if closing >= end:
-                return _path(frames)  # stopped inside this string
+    for token in _TOKEN.finditer(text, 0, len(text)):
+        if token.start() >= end:
+            break
+        char = token.group()
+        if char[0] == '"':
+            if len(char) == 1 or token.end() > end:
+                return _path(frames)  # an unterminated string, or stopped inside this one
             if frames and frames[-1].is_object and frames[-1].expect_key:
-                frames[-1].key = _decode_key(text[position + 1 : closing])
-            position = closing + 1
-            continue
-        if char in "[{":
+                frames[-1].key = _decode_key(char[1:-1])
+        elif char in "[{":
             if len(frames) >= max_depth:
                 raise ProtocolError("json_too_deep", f"nesting deeper than {max_depth} levels", _path(frames))
             frames.append(_Frame(is_object=char == "{"))
@@ -172,13 +168,11 @@ def _scan(text: str, *, max_depth: int, stop: int | None = None) -> str | None:
         elif char == ":":
             if frames and frames[-1].is_object:
                 frames[-1].expect_key = False
-        elif char == ",":
-            if frames:
-                if frames[-1].is_object:
-                    frames[-1].expect_key = True
-                else:
-                    frames[-1].index += 1
-        position += 1
+        elif frames:  # ","
+            if frames[-1].is_object:
+                frames[-1].expect_key = True
+            else:
+                frames[-1].index += 1
     return _path(frames) if stop is not None else None
 
 
