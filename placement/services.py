@@ -26,6 +26,7 @@ from django.db.models import Q
 
 from audit.models import ActorType
 from audit.recorder import record
+from qinglong.conf import protocol
 from qinglong.db import db_now, write_path
 from runs.locks import try_lock_run
 from runs.models import Run, RunAttempt
@@ -36,8 +37,9 @@ from .selectors import describe_summary, live_workers, mismatch_summary, parse_p
 
 log = logging.getLogger(__name__)
 
-#: Waiting attempts examined per cycle (4 keyset pages of 64).
-SUMMARY_BATCH = 4 * QUEUE_PAGE
+#: Waiting attempts examined per cycle, in multiples of ``QINGLONG_SWEEP_BATCH`` (default 64):
+#: mostly reads, so four times what a sweep settles.
+SUMMARY_BATCH_FACTOR = 4
 #: Where the next cycle resumes the queue window (the cache is shared by replicas in a cluster;
 #: losing it only restarts the window at the head of the queue).
 _CURSOR_KEY = "placement:summary-cursor"
@@ -74,18 +76,18 @@ def _waiting_window(now: datetime, batch: int) -> list[RunAttempt]:
     return waiting
 
 
-def refresh_placement_summaries(*, batch: int = SUMMARY_BATCH) -> int:
+def refresh_placement_summaries(*, batch: int | None = None) -> int:
     """Recompute the mismatch summaries of up to ``batch`` waiting runs; return how many changed.
 
-    ``batch``: waiting attempts examined this cycle (default 256, in dispatch order from where
-    the previous cycle stopped). Reads: the queue window, the live workers (≤ 1,024, one query).
-    Writes (via :func:`placement_summaries_store`, one transaction) only the runs whose summary
-    changed. Safe to run on several replicas at once: each write is a compare-and-swap.
-    Raises ``storage_busy``/``lock_timeout`` from the store; nothing else.
+    ``batch``: waiting attempts examined this cycle (default 4 × ``QINGLONG_SWEEP_BATCH`` = 256), in
+    dispatch order from where the previous cycle stopped. Reads: the queue window and the live
+    workers (≤ 1,024, one query). Writes (via :func:`placement_summaries_store`, one transaction)
+    only the runs whose summary changed. Safe on several replicas at once: each write is a
+    compare-and-swap. Raises ``storage_busy``/``lock_timeout`` from the store; nothing else.
     ADR-0012 §4.
     """
     now = db_now()
-    waiting = _waiting_window(now, max(1, batch))
+    waiting = _waiting_window(now, max(1, batch or SUMMARY_BATCH_FACTOR * protocol().sweep_batch))
     if not waiting:
         return 0
     workers = live_workers(now=now)
