@@ -218,9 +218,12 @@ def mismatch_summary(placement: dict[str, Any], workers: list[LiveWorker]) -> di
 def describe_summary(summary: dict[str, int]) -> str:
     """Text of a summary (ADR-0012 §4): ``{"arch": 3, "capacity": 2}`` → ``"arch: 3, capacity: 2"``.
 
-    ``{}`` reads ``"no live worker"``.
+    Categories appear in the fixed checking order whatever order the stored JSON came back in
+    (PostgreSQL's jsonb reorders keys; SQLite keeps them). ``{}`` reads ``"no live worker"``.
     """
-    return ", ".join(f"{category}: {count}" for category, count in summary.items()) or "no live worker"
+    order = {category: index for index, category in enumerate(SUMMARY_CATEGORIES)}
+    ordered = sorted(summary.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
+    return ", ".join(f"{category}: {count}" for category, count in ordered) or "no live worker"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from audit.models import Event
 from leases import services as lease_services
 from placement import services
 from placement.matching import SUMMARY_CATEGORIES
+from placement.selectors import describe_summary
 from qinglong.db import db_now
 from qinglong.sweeps import run_cycle
 from runs import services as run_services
@@ -134,3 +135,15 @@ def test_a_long_backlog_is_covered_in_turn_across_cycles():
     assert all(summary_of(r) == {"labels": 1} for r in runs)
     # The window wrapped around to the head: nothing changed, nothing written.
     assert services.refresh_placement_summaries(batch=2) == 0
+
+
+def test_a_stored_summary_reads_in_the_fixed_category_order_on_either_database():
+    run = enqueue(make_revision(placement={"required": {"runtimes": {"python": ">=3.12"}, "labels": {"rack": "r9"}}}))
+    new_python = [{"name": "python", "version": "3.12.1"}]
+    live("old-python")
+    live("no-rack", runtimes=new_python)
+    live("full", runtimes=new_python, slots=0, labels={"rack": "r9"})
+    services.refresh_placement_summaries()
+    stored = Run.objects.get(pk=run.pk).placement_summary  # jsonb orders keys by length: labels, runtime, …
+    assert stored == {"runtime": 1, "labels": 1, "capacity": 1}
+    assert describe_summary(stored) == "runtime: 1, labels: 1, capacity: 1"
