@@ -78,6 +78,8 @@ def parse_placement(sha256: str, canonical: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class LiveWorker:
+    """A live worker's current session as placement sees it (parsed canonical capabilities)."""
+
     worker_id: uuid.UUID
     worker_name: str
     session_id: uuid.UUID
@@ -95,6 +97,8 @@ class LiveWorker:
 
 @dataclass(frozen=True)
 class Candidate:
+    """An eligible live worker with a free slot and its preferred-label score."""
+
     worker: LiveWorker
     score: int
 
@@ -228,6 +232,8 @@ def describe_summary(summary: dict[str, int]) -> str:
 
 @dataclass(frozen=True)
 class PreviewRow:
+    """One live worker in a preview: would it take the run now, its score, else its category."""
+
     worker: LiveWorker
     eligible: bool
     score: int
