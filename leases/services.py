@@ -22,7 +22,8 @@ from django.db.models import F
 from audit.models import ActorType
 from audit.recorder import record
 from placement.matching import match
-from placement.selectors import LiveWorker, live_workers, parse_capabilities, parse_placement
+from placement.ranking import ClaimRanking
+from placement.selectors import parse_capabilities, parse_placement
 from qinglong.conf import protocol
 from qinglong.db import db_now, write_path
 from qinglong.errors import DomainError
@@ -59,43 +60,6 @@ class OfferRequest:
 
 
 # --- claim ---------------------------------------------------------------------------------------
-
-
-class _Ranking:
-    """Whether a better-ranked live worker with a free slot should get a candidate instead.
-
-    Placement orders candidates by (score desc, free slots desc, worker id asc). In a pull
-    model the claimer is whoever asks first, so a claimer *defers* a fresh attempt to a strictly
-    better-ranked live worker that has a free slot (and therefore polls too). An attempt that has
-    waited longer than ``DISPATCH_HOLD_SECONDS`` goes to any eligible claimer, so a better worker
-    that stopped polling delays work by at most that long.
-    """
-
-    def __init__(self, worker: Worker, free_slots: int, now: datetime) -> None:
-        self.worker_id = str(worker.pk)
-        self.free_slots = free_slots
-        self.now = now
-        self.hold = timedelta(seconds=protocol().dispatch_hold_seconds)
-        self._others: list[LiveWorker] | None = None
-        self._best: dict[str, tuple[int, int, str] | None] = {}
-
-    def others(self) -> list[LiveWorker]:
-        if self._others is None:
-            self._others = [w for w in live_workers(now=self.now) if str(w.worker_id) != self.worker_id]
-        return self._others
-
-    def defer(self, attempt: RunAttempt, placement_sha: str, placement: dict, score: int) -> bool:
-        if attempt.ready_at <= self.now - self.hold or not self.others():
-            return False
-        if placement_sha not in self._best:
-            ranks = [
-                (-m.score, -w.free_slots, str(w.worker_id))
-                for w in self.others()
-                if w.free_slots > 0 and (m := match(w.capabilities, placement)).eligible
-            ]
-            self._best[placement_sha] = min(ranks) if ranks else None
-        best = self._best[placement_sha]
-        return best is not None and best < (-score, -self.free_slots, self.worker_id)
 
 
 def _queue(now: datetime) -> Iterator[RunAttempt]:
@@ -224,7 +188,7 @@ def lease_claim(
             )
 
     snapshot = parse_capabilities(session.capabilities_sha256, session.capabilities)
-    ranking = _Ranking(worker, free, now)
+    ranking = ClaimRanking(worker, free, now)
     requests = iter(fresh)
     wanted = min(free, len(fresh))
     claimed: list[Offer] = []

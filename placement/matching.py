@@ -3,8 +3,10 @@
 ``match(snapshot, placement)`` returns either a score (the sum of the weights of the preferred
 labels the worker carries) or the *first* failing category, checked in the fixed order of
 :data:`CATEGORIES`. ``preferred`` only orders eligible workers; it never admits one that
-``required`` rejects. Both arguments are normalised documents (``protocol.capabilities``,
-``placement.spec``); nothing here touches the database.
+``required`` rejects, and it never rejects one that ``required`` admits. Both arguments are
+normalised documents (``protocol.capabilities.normalise``, ``placement.spec.normalise``);
+nothing here touches the database, the clock or any global state, so equal inputs always give
+equal answers.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from typing import Any
 
 import nodesemver
 
-#: Mismatch categories, in checking order. ``capacity`` is added by candidate selection.
+#: Mismatch categories, in checking order (a fixed, small set: safe for events and metrics).
 CATEGORIES = ("executor", "arch", "os", "runtime", "labels", "memory", "disk", "gpu")
+#: Added by candidate selection for an eligible worker without a free slot.
 CAPACITY = "capacity"
+#: Every category a mismatch summary may hold.
+SUMMARY_CATEGORIES = (*CATEGORIES, CAPACITY)
 
 
 @dataclass(frozen=True)
@@ -28,26 +33,42 @@ class Match:
     category: str | None = None
 
 
-def _satisfies(version: str, version_range: str) -> bool:
+def satisfies(version: str, version_range: str) -> bool:
+    """Whether exact SemVer ``version`` satisfies npm-style ``version_range`` (npm prerelease rule).
+
+    Both were validated before they were stored (``protocol.capabilities.is_semver``,
+    ``placement.spec.valid_range``); should the library still refuse a pair, the answer is
+    "no" (a ``runtime`` mismatch), never an exception.
+    ADR-0012 §4.
+    """
     try:
         return bool(nodesemver.satisfies(version, version_range, loose=False))
-    except Exception:  # a stored range was validated at revision time; refuse rather than crash
+    except Exception:  # refuse rather than crash a claim or a summary over one odd pair
         return False
 
 
 def _gpu_fits(gpus: list[dict[str, Any]], need: dict[str, Any]) -> bool:
-    fitting = [
-        gpu
+    devices = sum(
+        gpu.get("count", 1)
         for gpu in gpus
         if (need["vendor"] is None or gpu["vendor"] == need["vendor"])
         and gpu["memoryMiB"] >= need["minMemoryMiB"]
         and set(need["features"]) <= set(gpu["features"])
-    ]
-    return len(fitting) >= need["count"]
+    )
+    return devices >= need["count"]
 
 
 def first_mismatch(snapshot: dict[str, Any], required: dict[str, Any]) -> str | None:
-    """The first category in which ``snapshot`` fails ``required``, or None if it fits."""
+    """The first category of :data:`CATEGORIES` in which ``snapshot`` fails ``required``, or None.
+
+    ``snapshot``: a normalised capability document; ``required``: the ``required`` part of a
+    normalised placement. Checks, in order: executor offered; arch and os in the allowed lists
+    (empty = any); every required runtime present with a version satisfying its range; every
+    required label present with exactly that value; memory and disk at least the minimum (MiB);
+    at least ``gpu.count`` GPU devices of the vendor, each with the minimum memory and every
+    required feature.
+    ADR-0012 §4.
+    """
     if required["executor"] not in snapshot["executors"]:
         return "executor"
     if required["arch"] and snapshot["arch"] not in required["arch"]:
@@ -57,7 +78,7 @@ def first_mismatch(snapshot: dict[str, Any], required: dict[str, Any]) -> str | 
     if required["runtimes"]:
         versions = {runtime["name"]: runtime["version"] for runtime in snapshot["runtimes"]}
         for name, version_range in required["runtimes"].items():
-            if name not in versions or not _satisfies(versions[name], version_range):
+            if name not in versions or not satisfies(versions[name], version_range):
                 return "runtime"
     labels = snapshot["labels"]
     if any(labels.get(key) != value for key, value in required["labels"].items()):
@@ -72,13 +93,22 @@ def first_mismatch(snapshot: dict[str, Any], required: dict[str, Any]) -> str | 
 
 
 def score(snapshot: dict[str, Any], preferred: dict[str, Any]) -> int:
-    """Sum of the weights of ``preferred`` labels the snapshot carries with the same value."""
+    """Sum of the weights (1–100 each) of ``preferred`` labels the snapshot carries with that value.
+
+    0 when none match; at most 16 × 100. Used only to order eligible workers.
+    ADR-0012 §4.
+    """
     labels = snapshot["labels"]
     return sum(entry["weight"] for entry in preferred["labels"] if labels.get(entry["key"]) == entry["value"])
 
 
 def match(snapshot: dict[str, Any], placement: dict[str, Any]) -> Match:
-    """Decide whether a worker with ``snapshot`` may run a revision with ``placement``."""
+    """Decide whether a worker with ``snapshot`` may run a revision with ``placement`` (ADR-0012 §4).
+
+    ``snapshot``: normalised capability document; ``placement``: normalised placement document.
+    Returns ``Match(eligible=True, score=…)`` or ``Match(eligible=False, category=…)`` with the
+    first failing category. Pure and deterministic; raises nothing for normalised input.
+    """
     category = first_mismatch(snapshot, placement["required"])
     if category is not None:
         return Match(eligible=False, category=category)

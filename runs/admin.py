@@ -6,13 +6,14 @@ from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from audit.models import ActorType
-from placement.selectors import live_workers, parse_placement, placement_preview
+from placement.selectors import describe_summary, live_workers, parse_placement, placement_preview
 from qinglong.admin import ReadOnlyAdmin
 from qinglong.db import db_now
 from qinglong.errors import DomainError
 
 from . import selectors, services
 from .models import Run, RunAttempt, Task, TaskRevision
+from .states import RunState
 
 
 @admin.action(description="Run now (newest revision)")
@@ -65,16 +66,24 @@ class TaskRevisionAdmin(ReadOnlyAdmin):
 
     @admin.display(description="placement preview: live workers now")
     def placement_preview(self, revision):
-        rows = placement_preview(parse_placement(revision.placement_sha256, revision.placement),
-                                 live_workers(now=db_now()))
-        if not rows:
+        preview = placement_preview(parse_placement(revision.placement_sha256, revision.placement),
+                                    live_workers(now=db_now()))
+        if not preview.live_workers:
             return "no live workers"
+        why_not = ""
+        if preview.summary is not None:
+            why_not = format_html(" — why not: {}", describe_summary(preview.summary))
+        heading = format_html("{} of {} live workers would take it now{}", preview.eligible,
+                              preview.live_workers, why_not)
         body = format_html_join(
-            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((r.worker.worker_name, "takes it" if r.eligible else "no", r.score, r.category or "—") for r in rows),
+            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((r.worker.worker_name, "takes it" if r.eligible else "no", r.score, r.worker.free_slots,
+              r.category or "—") for r in preview.rows),
         )
-        return format_html("<table><tr><th>worker</th><th>would take it</th><th>score</th>"
-                           "<th>mismatch</th></tr>{}</table>", body)
+        more = format_html("<p>showing {} of {}</p>", len(preview.rows), preview.live_workers) \
+            if preview.truncated else ""
+        return format_html("<p>{}</p><table><tr><th>worker</th><th>would take it</th><th>score</th>"
+                           "<th>free slots</th><th>mismatch</th></tr>{}</table>{}", heading, body, more)
 
 
 @admin.action(description="Cancel")
@@ -111,12 +120,14 @@ class RunAdmin(ReadOnlyAdmin):
     search_fields = ("=id", "task__name")
     inlines = (AttemptInline,)
     actions = (cancel,)
+    readonly_fields = ("waiting_reason", "placement_checked_at")
 
     @admin.display(description="why waiting")
     def waiting_reason(self, run):
-        if not run.placement_summary:
+        # The summary describes a run waiting for a lease; once claimed it is history, not a reason.
+        if run.state not in (RunState.QUEUED, RunState.DISPATCHING) or run.placement_summary is None:
             return "—"
-        return ", ".join(f"{k}: {v}" for k, v in run.placement_summary.items())
+        return describe_summary(run.placement_summary)
 
 
 @admin.register(RunAttempt)

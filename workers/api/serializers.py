@@ -14,11 +14,17 @@ VERSION_TEXT = r"^[\x21-\x7e]{1,64}$"
 
 
 class CapabilitiesField(serializers.JSONField):
-    """The capability snapshot: validated and canonicalised by ``protocol.capabilities``.
+    """The capability snapshot: validated and canonicalised by ``protocol.capabilities`` (ADR-0012 §4).
 
-    Errors surface as 422 ``capabilities_invalid``/``capabilities_too_large`` with the path
-    inside the snapshot (``capabilities.gpus[0].memoryMiB``).
+    Every refusal — ``null`` included — surfaces as 422 ``capabilities_invalid`` or
+    ``capabilities_too_large`` with the path inside the snapshot (``capabilities.gpus[0].memoryMiB``),
+    so the agent and the server refuse exactly the same documents.
     """
+
+    def run_validation(self, data=serializers.empty):
+        if data is None:
+            raise ProtocolError("capabilities_invalid", "must be an object", "capabilities")
+        return super().run_validation(data)
 
     def to_internal_value(self, data):
         try:
