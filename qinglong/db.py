@@ -76,20 +76,20 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def _log_retry(retry_state: RetryCallState) -> None:
-    """tenacity ``before_sleep`` hook: one log line per retried transaction."""
+def _log_retry(retry_state: RetryCallState, service: str) -> None:
+    """One log line per retried transaction: which service, which attempt failed, and how."""
     exc = retry_state.outcome.exception() if retry_state.outcome else None
     log.warning(
         "transient storage race in %s (attempt %d): %s; retrying",
-        getattr(retry_state.fn, "__qualname__", "?"),
+        service,
         retry_state.attempt_number,
         type(exc).__name__ if exc is not None else "?",
     )
 
 
-def _before_retry(retry_state: RetryCallState) -> None:
-    """Called before each retry sleep; a module-level name so tests can observe retries."""
-    _log_retry(retry_state)
+def _before_retry(retry_state: RetryCallState, service: str) -> None:
+    """Called before each retry's wait; a module-level name so tests can observe retries."""
+    _log_retry(retry_state, service)
 
 
 def write_path(fn: Callable[P, R]) -> Callable[P, R]:
@@ -109,7 +109,7 @@ def write_path(fn: Callable[P, R]) -> Callable[P, R]:
             stop=stop_after_attempt(max(1, protocol().sqlite_busy_retries)),
             wait=wait_random_exponential(multiplier=0.02, max=0.5),
             retry=retry_if_exception(is_transient),
-            before_sleep=lambda state: _before_retry(state),
+            before_sleep=lambda state: _before_retry(state, fn.__qualname__),
             reraise=True,
         )
         try:
