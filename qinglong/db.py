@@ -6,6 +6,11 @@ when the store reports a transient race:
 
 * SQLite (standalone): ``database is locked`` after the busy timeout. Transactions begin
   IMMEDIATE (settings), so writers are serialised and a read-check-write cannot interleave.
+  Within the one standalone process, write paths also queue on an in-process lock before
+  ``BEGIN IMMEDIATE``: SQLite's busy handler polls with sleeps of up to 100 ms, so fifty
+  threads contending for the write lock would mostly sleep (seconds per burst); a queue hands
+  the lock on at once. Other processes (``manage.py sweep``, a second server by mistake) still
+  meet SQLite's own lock, busy timeout and this retry.
 * PostgreSQL (cluster-control): deadlock and serialization failures. A lock wait longer than the
   connection's ``lock_timeout`` is not retried: it surfaces as ``lock_timeout`` (503).
 
@@ -24,7 +29,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import ParamSpec, TypeVar
@@ -51,6 +58,26 @@ class UniqueRace(Exception):
     ``write_path`` rolls the transaction back and runs it again, so the re-run reads the row the
     winner committed and answers from it. Raise it only where re-reading settles the question.
     """
+
+
+#: Write paths of this process queue here before ``BEGIN IMMEDIATE`` on SQLite (see above).
+#: Re-entrant, so a write path that (in tests) runs inside another cannot block itself.
+_SQLITE_WRITERS = threading.RLock()
+
+
+@contextmanager
+def _sqlite_writer_turn() -> Iterator[None]:
+    """Wait (at most the busy timeout) for this process's SQLite writer turn; no-op elsewhere."""
+    if connection.vendor != "sqlite":
+        yield
+        return
+    timeout = float(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5.0))
+    if not _SQLITE_WRITERS.acquire(timeout=timeout):
+        raise OperationalError("database is locked (waited for this process's writer turn)")
+    try:
+        yield
+    finally:
+        _SQLITE_WRITERS.release()
 
 
 @dataclass(frozen=True)
@@ -115,7 +142,7 @@ def write_path(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             for attempt in retrying:
                 with attempt:
-                    with transaction.atomic(durable=True):
+                    with _sqlite_writer_turn(), transaction.atomic(durable=True):
                         outcome = fn(*args, **kwargs)
         except OperationalError as exc:
             if _sqlstate(exc) == _PG_LOCK_NOT_AVAILABLE:

@@ -107,7 +107,9 @@ def _end_session(session: WorkerSession, *, state: str, reason: str, now: dateti
     )
     if changed != 1:
         raise DomainError("session_version_conflict", "the session changed under the transition", field="sessionId")
-    session.refresh_from_db()
+    # Under the worker lock nothing else moved the row: mirror the update instead of re-reading.
+    session.state, session.end_reason, session.ended_at, session.available_slots = state, reason, now, 0
+    session.version += 1
 
 
 def _expire(session: WorkerSession, *, now: datetime, actor_type: str) -> bool:
@@ -136,19 +138,22 @@ def _expire(session: WorkerSession, *, now: datetime, actor_type: str) -> bool:
 
 
 def fence_live_session(
-    worker: Worker, *, reason: str, now: datetime, actor_type: str, actor: str = ""
+    worker: Worker, *, reason: str, now: datetime, actor_type: str, actor: str = "",
+    current: WorkerSession | None = None,
 ) -> WorkerSession | None:
     """Fence the worker's live session, if any, and settle its run leases (same transaction).
 
     For write paths that hold the worker lock (replacement, revocation). ``reason``:
-    ``superseded`` or ``revoked`` (the keys of ``leases.settlement.SESSION_END_REASONS``).
-    Writes: the session row (state ``fenced``, capacity 0, version + 1), a ``session.fenced``
-    event and whatever ``leases.settlement`` writes (started attempts lost, unstarted ones
-    back in the queue). Returns the fenced session, or ``None`` if none was live.
+    ``superseded`` or ``revoked`` (the keys of ``leases.settlement.SESSION_END_REASONS``);
+    ``current``: the live session if the caller already read it under the lock. Writes: the
+    session row (state ``fenced``, capacity 0, version + 1), a ``session.fenced`` event and
+    whatever ``leases.settlement`` writes (started attempts lost, unstarted ones back in the
+    queue). Returns the fenced session, or ``None`` if none was live.
     """
     from leases.settlement import settle_session_leases
 
-    current = WorkerSession.objects.filter(worker_id=worker.pk, state__in=LIVE_SESSION_STATES).first()
+    if current is None:
+        current = WorkerSession.objects.filter(worker_id=worker.pk, state__in=LIVE_SESSION_STATES).first()
     if current is None:
         return None
     _end_session(current, state=SessionState.FENCED, reason=reason, now=now)
@@ -285,18 +290,18 @@ def session_register(
         refusal = _takeover_refusal(worker, now)
         if refusal is not None:
             return refusal
-        replaced = fence_live_session(worker, reason="superseded", now=now, actor_type=ActorType.WORKER)
+        replaced = fence_live_session(worker, reason="superseded", now=now, actor_type=ActorType.WORKER,
+                                      current=current)
 
-    latest = WorkerSession.objects.filter(worker_id=worker.pk).order_by("-generation").values(
-        "generation", "version"
-    ).first()
+    # The live session, when there was one, is the newest (and now ended, version bumped).
+    latest = current or WorkerSession.objects.filter(worker_id=worker.pk).order_by("-generation").first()
     draining = worker.state == WorkerState.DRAINING
     try:
         session = WorkerSession.objects.create(
             id=session_id,
             worker=worker,
-            generation=latest["generation"] + 1 if latest else 1,
-            version=latest["version"] + 1 if latest else 0,
+            generation=latest.generation + 1 if latest else 1,
+            version=latest.version + 1 if latest else 0,
             state=SessionState.DRAINING if draining else SessionState.ONLINE,
             drained_by="operator" if draining else "",
             capabilities=capabilities.canonical_text,
