@@ -16,6 +16,8 @@ from django.core import checks
 
 @checks.register(checks.Tags.database, deploy=False)
 def check_profile_storage(app_configs, **kwargs):
+    """``cluster-control`` needs PostgreSQL (``qinglong.E001``) and a shared Redis cache
+    (``qinglong.E002``); the standalone profile needs neither (ADR-0012 §6)."""
     errors = []
     if settings.QINGLONG_PROFILE != "cluster-control":
         return errors

@@ -25,7 +25,12 @@ from .models import Worker
 
 
 def lock_worker(worker_id: uuid.UUID) -> Worker:
-    """``SELECT … FOR UPDATE`` the worker row. Raises ``worker_not_found`` if it does not exist."""
+    """``SELECT … FOR UPDATE OF worker`` the worker row and return it (ADR-0012 §6).
+
+    The first lock of every worker-scoped write path. PostgreSQL: blocks behind another holder
+    up to ``lock_timeout`` (then ``lock_timeout``, 503, via ``write_path``); SQLite: a no-op
+    inside the IMMEDIATE transaction. Raises ``worker_not_found`` if the worker does not exist.
+    """
     worker = Worker.objects.select_for_update(of=("self",)).filter(pk=worker_id).first()
     if worker is None:
         raise DomainError("worker_not_found", "no such worker")
@@ -33,9 +38,10 @@ def lock_worker(worker_id: uuid.UUID) -> Worker:
 
 
 def lock_worker_for_session(session_id: uuid.UUID) -> Worker | None:
-    """``SELECT … FOR UPDATE OF worker`` the worker owning session ``session_id``; ``None`` if none.
+    """``SELECT … FOR UPDATE OF worker`` the worker owning session ``session_id`` (ADR-0012 §6).
 
-    One statement: the session row is only joined to find its worker, not read for a decision,
-    so the caller reads it again under the lock.
+    For paths that start from a session id (the expiry sweep). One statement: the session row is
+    only joined to find its worker, not read for a decision, so the caller reads it again under
+    the lock. Returns ``None`` if no such session exists; lock waits as :func:`lock_worker`.
     """
     return Worker.objects.select_for_update(of=("self",)).filter(sessions__pk=session_id).first()

@@ -69,7 +69,13 @@ class SessionView:
 def registration_sha256(
     *, capabilities_sha256: str, max_concurrent_runs: int, software_version: str, protocol_version: int
 ) -> str:
-    """Digest of what a registration fixes for the session's life (available slots are dynamic)."""
+    """SHA-256 (hex) of what a registration fixes for the session's life (ADR-0012 §2).
+
+    Arguments: the canonical capability snapshot's SHA-256 (hex), ``max_concurrent_runs`` (1–256),
+    ``software_version`` (≤64 printable ASCII), ``protocol_version`` (≥1), digested as RFC 8785
+    JSON. Available slots are dynamic and not part of it, so a replay may report other slots.
+    Pure; raises nothing.
+    """
     content = {
         "capabilitiesSha256": capabilities_sha256,
         "maxConcurrentRuns": max_concurrent_runs,
@@ -388,12 +394,13 @@ def session_heartbeat(
         .filter(pk=session_id, worker_id=worker_id)
         .first()
     )
-    if session is None:
+    if session is None:  # refused: revoked worker, or no such session for this worker (fence order)
         worker = Worker.objects.filter(pk=worker_id).first()
         if worker is None:
             raise DomainError("worker_not_found", "no such worker")
         check_session(worker, None, generation=generation, expected_version=expected_version, now=db_now(),
                       purpose=Purpose.HEARTBEAT)
+        raise AssertionError("check_session accepts no missing session")
     now = session.db_now
     check_session(session.worker, session, generation=generation, expected_version=expected_version, now=now,
                   purpose=Purpose.HEARTBEAT)
@@ -608,8 +615,12 @@ def session_expire(*, session_id: uuid.UUID) -> bool:
 
 
 def sweep_expired_sessions(*, batch: int | None = None) -> int:
-    """Mark up to ``batch`` (default ``SWEEP_BATCH``) lapsed live sessions expired, oldest expiry
-    first, one transaction each; return how many it marked. Safe to run on many replicas."""
+    """Mark up to ``batch`` (default ``SWEEP_BATCH``) lapsed live sessions expired (ADR-0012 §3).
+
+    Oldest expiry first, one :func:`session_expire` transaction each; returns how many it marked.
+    Safe on many replicas and sweepers at once (each write re-checks). Raises ``storage_busy``,
+    ``lock_timeout`` from a single expiry (the caller's loop carries on next cycle).
+    """
     limit = batch or protocol().sweep_batch
     now = db_now()
     lapsed = list(
