@@ -57,6 +57,11 @@ def run_check(**env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
+#: The subprocess tests configure their own SQLite file and touch no test database: run them once.
+once = pytest.mark.sqlite
+
+
+@once
 def test_manage_py_refuses_to_start_a_cluster_on_sqlite(tmp_path):
     refused = run_check(QINGLONG_PROFILE="cluster-control", DJANGO_SECRET_KEY="test",
                         DATABASE_URL=f"sqlite:///{tmp_path / 'cluster.sqlite3'}",
@@ -87,6 +92,7 @@ def test_session_lease_must_outlive_the_heartbeat_cadence(protocol_settings, ttl
     assert all(error.id == "qinglong.E003" for error in errors)
 
 
+@once
 def test_manage_py_refuses_a_lease_shorter_than_the_cadence(tmp_path):
     refused = run_check(QINGLONG_SESSION_LEASE_SECONDS="20", DATABASE_URL=f"sqlite:///{tmp_path / 'x.sqlite3'}",
                         QINGLONG_VAR_DIR=str(tmp_path))

@@ -251,6 +251,7 @@ def test_heartbeat_answers_cancellations_and_rotation_requests():
 # --- timings per profile -------------------------------------------------------------------------
 
 
+@pytest.mark.sqlite  # settings only, in a subprocess: run once, in the SQLite leg
 @pytest.mark.parametrize(
     ("profile", "expected"),
     [
