@@ -38,3 +38,9 @@ bench-agent: $(VENV)/.dev
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis
+
+## bench-heartbeat: heartbeats/s over HTTP and WAL bytes per unchanged heartbeat vs a naive update
+## (migrates the PostgreSQL database at BENCH_PG_URL: give it one of your own)
+BENCH_PG_URL ?= $(PG_URL)
+bench-heartbeat: $(VENV)/.dev
+	$(PY) bench/heartbeat.py --pg-url $(BENCH_PG_URL) $(ARGS)

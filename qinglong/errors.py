@@ -60,6 +60,7 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "session_draining": ErrorSpec(409, "The session is draining and takes no new work."),
     "session_replay_conflict": ErrorSpec(409, "This session id was registered with different content."),
     "session_has_active_leases": ErrorSpec(409, "Offline refused: the session still holds active run leases."),
+    "no_live_session": ErrorSpec(409, "The worker has no online or draining session to take offline."),
     "session_takeover_limited": ErrorSpec(429, "Too many session replacements for this worker this minute."),
     "session_id_invalid": ErrorSpec(400, "The session id is not a UUIDv7."),
     "slots_exceed_maximum": ErrorSpec(422, "availableSlots is above maxConcurrentRuns."),

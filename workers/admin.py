@@ -57,6 +57,14 @@ def revoke(modeladmin, request, queryset):
     _each(modeladmin, request, queryset, services.worker_revoke, "revoked")
 
 
+@admin.action(description="Force offline (active run leases are settled: started attempts lost)")
+def force_offline(modeladmin, request, queryset):
+    def take_offline(*, worker_id, actor):
+        return services.session_operator_offline(worker_id=worker_id, force=True, actor=actor)
+
+    _each(modeladmin, request, queryset, take_offline, "session offline")
+
+
 @admin.action(description="Force key rotation")
 def force_rotation(modeladmin, request, queryset):
     _each(modeladmin, request, queryset, services.credential_force_rotation, "must rotate its key")
@@ -69,7 +77,7 @@ class WorkerAdmin(admin.ModelAdmin):
     search_fields = ("name",)
     fields = ("name", "description", "state", "drain_requested_at", "revoked_at", "rotation_required", "created_at")
     readonly_fields = ("state", "drain_requested_at", "revoked_at", "rotation_required", "created_at")
-    actions = (issue_enrollment_token, drain, undrain, revoke, force_rotation)
+    actions = (issue_enrollment_token, drain, undrain, revoke, force_offline, force_rotation)
 
     def get_readonly_fields(self, request, obj=None):
         return self.readonly_fields + (("name",) if obj else ())

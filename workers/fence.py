@@ -2,8 +2,26 @@
 
 One function decides, in a fixed order, whether a call that names ``(session, generation,
 expected version)`` may act. It raises a distinct code per fault and writes nothing, so a
-refused call leaves no trace in the session tables. Callers hold the worker row lock when they
-go on to write (``workers.locks``); the read-only heartbeat path calls it without a lock.
+refused call leaves no trace in the session tables. Write paths call it while holding the worker
+row lock (``workers.locks``) and with ``now`` read from the database *after* that lock; the
+read-only heartbeat path calls :func:`check_session` on a row it read together with the
+database clock in one statement.
+
+The order of the checks, and which call may act on a draining session, is the fail-closed
+matrix of ``docs/sessions.md`` (the matrix test in ``tests/workers/test_sessions_matrix.py``
+keeps the two equal):
+
+1. ``worker_revoked`` (403) — the worker is revoked (normally refused earlier, by
+   authentication, as ``credential_revoked``);
+2. ``session_unknown`` (404) — no such session *for this worker* (another worker's session id
+   looks exactly the same);
+3. ``session_superseded`` (409) — a newer session replaced it (state ``fenced``);
+4. ``session_offline`` (409) — it went offline;
+5. ``session_expired`` (409) — its lease lapsed by the database clock, swept or not;
+6. ``session_generation_mismatch`` (409);
+7. ``session_version_conflict`` (409, ``details.currentVersion``) — only for calls that change
+   session state (heartbeat, drain, offline);
+8. ``session_draining`` (409) — only for a claim of new work.
 """
 
 from __future__ import annotations
@@ -20,6 +38,7 @@ from .models import SessionState, Worker, WorkerSession, WorkerState
 class Purpose(enum.Enum):
     """What the caller wants to do; only a claim is refused on a draining session."""
 
+    REGISTER = "register"  # an exact replay of a registration
     HEARTBEAT = "heartbeat"
     DRAIN = "drain"
     OFFLINE = "offline"
@@ -27,30 +46,24 @@ class Purpose(enum.Enum):
     LEASE = "lease"  # ACKs, renew, release, completion of an existing lease
 
 
-def fence_session(
+def check_session(
     worker: Worker,
+    session: WorkerSession | None,
     *,
-    session_id: uuid.UUID,
     generation: int,
     expected_version: int | None,
     now: datetime,
     purpose: Purpose,
 ) -> WorkerSession:
-    """Return the worker's session if it may act now; raise otherwise.
+    """Apply the ordered fence checks to an already loaded ``session`` (``None``: not found).
 
-    ``now`` is the database clock (``qinglong.db.db_now``). ``expected_version`` is ``None``
-    only for calls that do not change session state (claim and lease calls).
-
-    Raises ``DomainError`` with, checked in this order: ``worker_revoked``,
-    ``session_unknown`` (no such session *for this worker* — another worker's session id looks
-    the same), ``session_superseded``, ``session_offline``, ``session_expired``,
-    ``session_generation_mismatch``, ``session_version_conflict`` (carries the current version
-    so the worker can re-read it), ``session_draining`` (claims only).
+    ``session`` must have been looked up by id *and* ``worker`` (a row of another worker is
+    "unknown"). ``now`` is the database clock read no earlier than ``session``. Returns the
+    session; raises ``DomainError`` with the codes listed in the module docstring, in that order.
     """
     if worker.state == WorkerState.REVOKED:
         raise DomainError("worker_revoked", "the worker is revoked")
-    session = WorkerSession.objects.filter(pk=session_id, worker_id=worker.pk).first()
-    if session is None:
+    if session is None or session.worker_id != worker.pk:
         raise DomainError("session_unknown", "no such session for this worker", field="sessionId")
     if session.state == SessionState.FENCED:
         raise DomainError("session_superseded", "a newer session replaced this one", field="sessionId")
@@ -72,3 +85,28 @@ def fence_session(
     if purpose is Purpose.CLAIM and session.state == SessionState.DRAINING:
         raise DomainError("session_draining", "the session is draining and takes no new runs", field="sessionId")
     return session
+
+
+def fence_session(
+    worker: Worker,
+    *,
+    session_id: uuid.UUID,
+    generation: int,
+    expected_version: int | None,
+    now: datetime,
+    purpose: Purpose,
+) -> WorkerSession:
+    """Load the worker's session ``session_id`` and return it if it may act now; raise otherwise.
+
+    Arguments: ``worker`` the (locked, for write paths) worker row; ``generation`` ≥ 1;
+    ``expected_version`` the session version the caller last saw, ``None`` only for calls that
+    do not change session state (claim and lease calls, registration replays); ``now`` the
+    database clock (``qinglong.db.db_now``) read after the caller's locks. Writes nothing.
+
+    Raises ``DomainError``: see :func:`check_session` (ADR-0012 §2: "any field mismatch, an
+    expired lease, or a worker already offline fails closed").
+    """
+    session = WorkerSession.objects.filter(pk=session_id, worker_id=worker.pk).first()
+    return check_session(
+        worker, session, generation=generation, expected_version=expected_version, now=now, purpose=purpose
+    )

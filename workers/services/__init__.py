@@ -17,6 +17,7 @@ from .sessions import (
     session_expire,
     session_heartbeat,
     session_offline,
+    session_operator_offline,
     session_register,
     sweep_expired_sessions,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "session_expire",
     "session_heartbeat",
     "session_offline",
+    "session_operator_offline",
     "session_register",
     "sweep_expired_sessions",
     "worker_create",

@@ -1,0 +1,380 @@
+"""Transactions, retries and the database clock (ADR-0012 §6), with real second connections.
+
+SQLite: another connection holding the write lock makes a write path retry a bounded number of
+times with jitter, then answer 503 ``storage_busy`` — or succeed once the lock is let go.
+PostgreSQL: deadlock/serialization failures are retried the same way, a lock wait past
+``lock_timeout`` answers 503 ``lock_timeout`` at once, every session write path locks the worker
+row before it reads the session, and lease times are read from the clock after the lock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from datetime import UTC, timedelta
+
+import psycopg
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+import qinglong.db
+from protocol import wire
+from protocol.ids import uuid7
+from qinglong.db import UniqueRace, db_now, write_path
+from qinglong.errors import DomainError
+from tests.helpers import SignedClient, enrolled_worker, register, snapshot
+from tests.workers.test_sessions_matrix import snapshot_rows
+from workers import services
+from workers.models import Worker, WorkerSession
+
+pytestmark = pytest.mark.django_db
+#: Tests that use a second connection need the first one's writes committed.
+real_transactions = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def retries(monkeypatch):
+    """Count the retries ``write_path`` makes (its ``_before_retry`` hook), still logging them."""
+    seen: list[int] = []
+    real = qinglong.db._before_retry
+
+    def counting(state, service):
+        seen.append(state.attempt_number)
+        real(state, service)
+
+    monkeypatch.setattr(qinglong.db, "_before_retry", counting)
+    return seen
+
+
+# --- SQLite: a real second connection holds the write lock --------------------------------------
+
+
+@pytest.fixture
+def short_busy_timeout():
+    """Reconnect Django with a 50 ms SQLite busy timeout (the default is 5 s)."""
+    options = connection.settings_dict["OPTIONS"]
+    saved = options.get("timeout")
+    connection.close()
+    options["timeout"] = 0.05
+    yield
+    connection.close()
+    options["timeout"] = saved
+
+
+@pytest.fixture
+def write_lock_holder():
+    """A second SQLite connection that takes the write lock (BEGIN IMMEDIATE) and can let it go."""
+    holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None, check_same_thread=False)
+    holder.execute("PRAGMA busy_timeout = 5000")
+
+    class Holder:
+        def take(self):
+            holder.execute("BEGIN IMMEDIATE")
+
+        def release(self):
+            if holder.in_transaction:
+                holder.execute("ROLLBACK")
+
+    yield Holder()
+    holder.close()
+
+
+@real_transactions
+@pytest.mark.sqlite
+def test_sqlite_write_lock_held_elsewhere_retries_then_answers_storage_busy(
+    short_busy_timeout, write_lock_holder, retries, protocol_settings, caplog
+):
+    protocol_settings(SQLITE_BUSY_RETRIES=4)
+    worker = enrolled_worker()
+    before = snapshot_rows()
+    write_lock_holder.take()
+    started = time.monotonic()
+    with pytest.raises(DomainError) as refused:
+        register(worker)
+    elapsed = time.monotonic() - started
+    write_lock_holder.release()
+    assert (refused.value.code, refused.value.status, refused.value.retry_after) == ("storage_busy", 503, 1)
+    assert retries == [1, 2, 3]  # four attempts in all, three waits between them
+    assert elapsed < 3  # bounded: 4 × 50 ms busy timeout + at most 3 × 0.5 s jittered waits
+    assert sum("transient storage race in session_register" in r.getMessage() for r in caplog.records) == 3
+    assert snapshot_rows() == before
+
+
+@real_transactions
+@pytest.mark.sqlite
+def test_sqlite_storage_busy_over_http_is_a_503_with_retry_after(
+    client, short_busy_timeout, write_lock_holder, protocol_settings
+):
+    protocol_settings(SQLITE_BUSY_RETRIES=2)
+    session = register(enrolled_worker())
+    api = SignedClient(client, session.worker)
+    write_lock_holder.take()
+    try:  # a slot change must write
+        answer = api.post(wire.SESSION_HEARTBEAT, {**session.fence(), "expectedVersion": 0, "availableSlots": 1})
+    finally:
+        write_lock_holder.release()
+    assert answer.status_code == 503
+    assert answer.json() == {"code": "storage_busy", "message": "the database is busy; retry", "field": None}
+    assert answer["Retry-After"] == "1"
+
+
+@real_transactions
+@pytest.mark.sqlite
+def test_sqlite_write_succeeds_when_the_lock_is_let_go_during_the_retries(
+    short_busy_timeout, write_lock_holder, monkeypatch, protocol_settings
+):
+    protocol_settings(SQLITE_BUSY_RETRIES=4)
+    worker = enrolled_worker()
+    real = qinglong.db._before_retry
+    waits = []
+
+    def release_on_first_retry(state, service):
+        waits.append(state.attempt_number)
+        real(state, service)
+        write_lock_holder.release()
+
+    monkeypatch.setattr(qinglong.db, "_before_retry", release_on_first_retry)
+    write_lock_holder.take()
+    session = register(worker)
+    assert waits == [1] and session.generation == 1
+    assert WorkerSession.objects.filter(pk=session.session_id).exists()
+
+
+@real_transactions
+@pytest.mark.sqlite
+def test_sqlite_transactions_begin_immediate():
+    """A write path holds the write lock from its first statement (no read-then-upgrade race)."""
+    worker = enrolled_worker()
+    probe = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None, timeout=0)
+    seen = {}
+
+    @write_path
+    def read_only_body():
+        Worker.objects.filter(pk=worker.worker_id).exists()  # a read, yet the lock is taken
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            seen["locked"] = False
+        except sqlite3.OperationalError as exc:
+            seen["locked"] = "locked" in str(exc)
+
+    read_only_body()
+    probe.close()
+    assert seen == {"locked": True}
+
+
+# --- both stores ---------------------------------------------------------------------------------
+
+
+def test_a_unique_race_reruns_the_transaction_and_is_bounded(retries, protocol_settings):
+    protocol_settings(SQLITE_BUSY_RETRIES=3)
+    calls = []
+
+    @write_path
+    def loses_twice():
+        calls.append(Worker.objects.count())
+        if len(calls) < 3:
+            Worker.objects.create(name=f"rolled-back-{len(calls)}")
+            raise UniqueRace("lost")
+        return len(calls)
+
+    assert loses_twice() == 3
+    assert retries == [1, 2]
+    assert not Worker.objects.filter(name__startswith="rolled-back").exists()  # each try rolled back
+
+    @write_path
+    def always_loses():
+        raise UniqueRace("lost")
+
+    with pytest.raises(DomainError) as refused:
+        always_loses()
+    assert refused.value.code == "storage_busy"
+
+
+def test_db_now_is_the_database_clock_in_utc_read_when_called():
+    """Aware UTC; on PostgreSQL the statement's time, not the transaction's start (which a lock
+    wait would make stale)."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        first = db_now()
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT pg_sleep(0.05)")
+            else:
+                time.sleep(0.05)
+        second = db_now()
+    assert first.utcoffset() == second.utcoffset() == timedelta(0)
+    assert second - first >= timedelta(milliseconds=45)
+    assert abs(second.timestamp() - time.time()) < 5
+
+
+# --- PostgreSQL ------------------------------------------------------------------------------------
+
+
+def pg_conninfo() -> dict:
+    params = connection.get_connection_params()
+    return {key: params[key] for key in ("host", "port", "user", "password", "dbname") if params.get(key)}
+
+
+def raise_sqlstate(code: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '{code}'; END $$")
+
+
+@real_transactions
+@pytest.mark.postgres
+@pytest.mark.parametrize("sqlstate", ["40001", "40P01"], ids=["serialization_failure", "deadlock_detected"])
+def test_pg_transient_failures_are_retried_then_storage_busy(sqlstate, retries, protocol_settings):
+    protocol_settings(SQLITE_BUSY_RETRIES=3)
+    calls = []
+
+    @write_path
+    def fails_once():
+        calls.append(1)
+        Worker.objects.create(name=f"try-{len(calls)}")
+        if len(calls) == 1:
+            raise_sqlstate(sqlstate)
+        return len(calls)
+
+    assert fails_once() == 2
+    assert list(Worker.objects.values_list("name", flat=True)) == ["try-2"]
+
+    @write_path
+    def always_fails():
+        raise_sqlstate(sqlstate)
+
+    retries.clear()
+    with pytest.raises(DomainError) as refused:
+        always_fails()
+    assert (refused.value.code, refused.value.status) == ("storage_busy", 503)
+    assert retries == [1, 2]
+
+
+@pytest.fixture
+def worker_row_locked_elsewhere():
+    """Lock a worker row from a second PostgreSQL connection; yields (lock(worker_id), release())."""
+    other = psycopg.connect(**pg_conninfo(), autocommit=False)
+    released_at = {}
+
+    def lock(worker_id):
+        other.execute("SELECT 1 FROM workers_worker WHERE id = %s FOR UPDATE", [worker_id])
+
+    def release():
+        released_at["t"] = other.execute("SELECT clock_timestamp()").fetchone()[0]
+        other.commit()
+        return released_at["t"]
+
+    yield lock, release
+    other.rollback()
+    other.close()
+
+
+@real_transactions
+@pytest.mark.postgres
+def test_pg_lock_wait_past_lock_timeout_is_a_503_lock_timeout_without_retry(worker_row_locked_elsewhere, retries):
+    lock, release = worker_row_locked_elsewhere
+    session = register(enrolled_worker())
+    lock(session.worker.worker_id)
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '150ms'")
+    before = snapshot_rows()
+    try:
+        for call in (
+            lambda: register(session.worker),
+            lambda: services.session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
+                                           generation=1, expected_version=0),
+            lambda: services.session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
+                                               generation=1, expected_version=0, available_slots=1),
+        ):
+            with pytest.raises(DomainError) as refused:
+                call()
+            assert (refused.value.code, refused.value.status) == ("lock_timeout", 503)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+        release()
+    assert retries == []
+    assert snapshot_rows() == before
+
+
+@real_transactions
+@pytest.mark.postgres
+def test_pg_lease_time_is_read_after_the_worker_lock(worker_row_locked_elsewhere):
+    """A registration that waited for the worker lock stamps its lease from after the wait."""
+    lock, release = worker_row_locked_elsewhere
+    worker = enrolled_worker()
+    lock(worker.worker_id)
+    done = {}
+
+    def registers():
+        try:
+            done["session"] = register(worker)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=registers)
+    thread.start()
+    # wait until the registration is blocked on the lock, observed from the server itself
+    with psycopg.connect(**pg_conninfo(), autocommit=True) as observer:
+        for _ in range(500):
+            waiting = observer.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            ).fetchone()[0]
+            if waiting:
+                break
+            time.sleep(0.01)
+        assert waiting, "the registration never waited for the worker lock"
+    released_at = release()
+    thread.join(10)
+    stored = WorkerSession.objects.get(pk=done["session"].session_id)
+    assert stored.registered_at >= released_at.astimezone(UTC)
+
+
+# --- lock order: worker row before the session (both stores; FOR UPDATE on PostgreSQL) -------------
+
+
+def _lock_then_read(queries) -> None:
+    sqls = [q["sql"] for q in queries]
+    worker_lock = next(i for i, sql in enumerate(sqls) if 'FROM "workers_worker"' in sql)
+    session_read = next(i for i, sql in enumerate(sqls) if 'FROM "workers_workersession"' in sql)
+    assert worker_lock < session_read, sqls[: session_read + 1]
+    if connection.vendor == "postgresql":
+        assert "FOR UPDATE" in sqls[worker_lock], sqls[worker_lock]
+
+
+@pytest.mark.parametrize(
+    "call",
+    ["register", "replace", "heartbeat-write", "drain", "offline", "operator-offline", "expire"],
+)
+def test_every_session_write_path_locks_the_worker_before_reading_the_session(call):
+    worker = enrolled_worker()
+    session = register(worker)
+    fence = {"worker_id": worker.worker_id, "session_id": session.session_id, "generation": 1}
+    fresh = enrolled_worker()
+    if call == "expire":
+        WorkerSession.objects.filter(pk=session.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    actions = {
+        "register": lambda: services.session_register(
+            worker_id=fresh.worker_id, session_id=uuid7(), capabilities=snapshot(),
+            max_concurrent_runs=1, available_slots=1, software_version="t/1", protocol_version=1),
+        "replace": lambda: register(worker),
+        "heartbeat-write": lambda: services.session_heartbeat(**fence, expected_version=0, available_slots=1),
+        "drain": lambda: services.session_drain(**fence, expected_version=0),
+        "offline": lambda: services.session_offline(**fence, expected_version=0),
+        "operator-offline": lambda: services.session_operator_offline(worker_id=worker.worker_id),
+        "expire": lambda: services.session_expire(session_id=session.session_id),
+    }
+    if call == "heartbeat-write":
+        # the heartbeat's first, lock-free read decides whether to write; check the write
+        with CaptureQueriesContext(connection) as queries:
+            actions[call]()
+        write_start = next(i for i, q in enumerate(queries.captured_queries)
+                           if 'FROM "workers_worker"' in q["sql"] and "workers_workersession" not in q["sql"])
+        _lock_then_read(queries.captured_queries[write_start:])
+        return
+    with CaptureQueriesContext(connection) as queries:
+        actions[call]()
+    _lock_then_read(queries.captured_queries)
