@@ -37,8 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from tenacity import Retrying, RetryCallState, retry_if_exception, stop_any, stop_before_delay
-from tenacity import stop_when_event_set, wait_random_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_any,
+    stop_before_delay,
+    stop_when_event_set,
+    wait_random_exponential,
+)
 
 from protocol import wire
 from protocol.ids import uuid7

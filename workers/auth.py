@@ -92,7 +92,8 @@ class _Credential:
 
 
 def cache_is_shared() -> bool:
-    """True when the default cache is shared between processes (Redis), False for locmem."""
+    """True when the default cache is shared between processes (Redis: the cluster profile, or
+    ``QINGLONG_SHARED_CACHE``), False for the standalone profile's per-process locmem cache."""
     return not isinstance(caches["default"], LocMemCache)
 
 
@@ -118,10 +119,14 @@ def _credential_epoch() -> str:
 
 def _bump_credential_epoch() -> None:
     path = _epoch_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    tmp.write_text(secrets.token_hex(8), encoding="ascii")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        tmp.write_text(secrets.token_hex(8), encoding="ascii")
+        os.replace(tmp, path)
+    except OSError as exc:  # the change is committed; only other processes learn of it late
+        log.error("could not write the credential epoch %s (%s): other processes of this installation keep "
+                  "cached credentials for up to CREDENTIAL_CACHE_SECONDS", path, exc)
 
 
 def _credential_key(key_id: str) -> str:
@@ -156,7 +161,9 @@ def forget_credentials(credential_ids: list[str]) -> None:
     ``credential_ids``: the changed credentials' ids (RFC 9421 keyids). With a shared cache the
     keys are deleted for all replicas; with per-process caches the epoch file is rewritten too,
     so other processes of the installation (``manage.py serve`` when a command revoked) stop
-    trusting what they cached. Raises OSError only if the state directory is not writable.
+    trusting what they cached (ADR-0012 §1: a revoked credential fails on the next request).
+    Never raises: an unwritable state directory is logged, and other processes then notice
+    within ``CREDENTIAL_CACHE_SECONDS``.
     """
     cache.delete_many([_credential_key(key_id) for key_id in credential_ids])
     if not cache_is_shared():
@@ -216,16 +223,21 @@ def nonce_accept(*, key_id: str, nonce: str, created: int, window_seconds: int) 
 
 
 def remember_session_owner(session_id: uuid.UUID | str, worker_id: uuid.UUID | str) -> None:
-    """Cache that ``session_id`` belongs to ``worker_id`` (after its registration committed)."""
+    """Cache that ``session_id`` belongs to ``worker_id``; call it once the registration committed.
+
+    Kept ``SESSION_OWNER_CACHE_SECONDS`` (a session never changes owner), so principal binding
+    (ADR-0012 §1) can refuse another worker's session id without a query. Raises nothing.
+    """
     cache.set(_SESSION_OWNER_KEY.format(session_id), str(worker_id), timeout=SESSION_OWNER_CACHE_SECONDS)
 
 
 def session_owner(session_id: object) -> str | None:
-    """The worker id (text) a session id belongs to, or None if it names no session.
+    """The worker id (text) a session id belongs to, or None if it names no session (ADR-0012 §1).
 
-    ``session_id``: anything a body carried; a value that is not a UUID returns None (the
-    serializer then refuses it by field). A cache hit runs no query; a miss runs one indexed
-    lookup and caches the answer, since a session never changes owner.
+    ``session_id``: anything a body or path carried; a value that is not a UUID string returns
+    None (the serializer then refuses it by field). A cache hit runs no query; a miss runs one
+    primary-key lookup and caches the answer, since a session never changes owner. Raises
+    nothing but database errors.
     """
     try:
         parsed = uuid.UUID(str(session_id))

@@ -43,8 +43,9 @@ def by_address(group: str, request) -> str:
     return client_address(request)
 
 
-def enforce(request, *, group: str, key: Callable[[str, object], str], rate: str, message: str,
-            increment: bool = True) -> None:
+def enforce(
+    request, *, group: str, key: Callable[[str, object], str], rate: str, message: str, increment: bool = True
+) -> None:
     """Count this request into ``group`` (unless ``increment`` is False) and refuse it when over.
 
     ``rate``: django-ratelimit syntax (``"600/m"``); ``key``: ``(group, request) -> bucket``.

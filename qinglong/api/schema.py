@@ -117,13 +117,17 @@ class WorkerSignatureScheme(OpenApiAuthenticationExtension):
         profile = (
             "RFC 9421 HTTP Message Signature with the worker's Ed25519 key, label `ql`, covering "
             '`("@method" "@path" "@query" "content-digest")` with parameters created, keyid (the '
-            f"credential id), alg=\"ed25519\", nonce and tag=\"qinglong-worker-v1\". See {SIGNATURE_DOC}."
+            f'credential id), alg="ed25519", nonce and tag="qinglong-worker-v1". See {SIGNATURE_DOC}.'
         )
         return [
             {"type": "apiKey", "in": "header", "name": "Signature", "description": profile},
             {"type": "apiKey", "in": "header", "name": "Signature-Input", "description": profile},
-            {"type": "apiKey", "in": "header", "name": "Content-Digest",
-             "description": "RFC 9530 `sha-256=:<base64>:` of the exact body bytes."},
+            {
+                "type": "apiKey",
+                "in": "header",
+                "name": "Content-Digest",
+                "description": "RFC 9530 `sha-256=:<base64>:` of the exact body bytes.",
+            },
         ]
 
 
@@ -173,7 +177,10 @@ def capabilities_schema() -> dict:
                 "type": "object",
                 "additionalProperties": False,
                 "required": ["name", "version"],
-                "properties": {"name": name, "version": {"type": "string", "maxLength": 64, "pattern": SEMVER}},
+                "properties": {
+                    "name": name,
+                    "version": {"type": "string", "maxLength": 64, "pattern": SEMVER},
+                },
             },
         },
         "labels": {

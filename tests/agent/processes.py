@@ -38,7 +38,7 @@ def free_port() -> int:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
     width = 25
-    for port in PORTS[index * width % len(PORTS):][:width]:
+    for port in PORTS[index * width % len(PORTS) :][:width]:
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -63,8 +63,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
 def manage(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run ``manage.py`` in a separate process against the test database."""
     return subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, "DATABASE_URL": database_url(), **(env or {})},
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "DATABASE_URL": database_url(), **(env or {})},
     )
 
 
@@ -75,8 +79,13 @@ class ControlPlane:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_dir = log_dir
-        self.env = {**os.environ, "DATABASE_URL": database_url(), "QINGLONG_PROFILE": "standalone",
-                    "QINGLONG_LOG_LEVEL": "INFO", **settings}
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "QINGLONG_PROFILE": "standalone",
+            "QINGLONG_LOG_LEVEL": "INFO",
+            **settings,
+        }
         self.process: subprocess.Popen | None = None
         self.starts = 0
 
@@ -84,9 +93,21 @@ class ControlPlane:
         self.starts += 1
         log = open(self.log_dir / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 - closed with the process
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port), "--threads", "4",
-             "--sweep-interval", "0.5"],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "serve",
+                "--port",
+                str(self.port),
+                "--threads",
+                "4",
+                "--sweep-interval",
+                "0.5",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         wait_for(self._answers, timeout=30, what=f"the control plane on {self.url}")
 
@@ -127,8 +148,13 @@ class Agent:
         self.log_path = self.log_dir / f"agent-{self.runs}.log"
         log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
         env = {**os.environ, "QINGLONG_WORKER_LOG_LEVEL": "INFO"}
-        self.process = subprocess.Popen([sys.executable, "-m", "agent", "--state-dir", str(self.state), *args],
-                                        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "agent", "--state-dir", str(self.state), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         return self.process
 
     def log(self) -> str:

@@ -37,8 +37,9 @@ RUN_ARGS = ("run", "--poll-max", "1", "--backoff-max", "1", "--timeout", "5", "-
 
 @pytest.fixture
 def plane(tmp_path):
-    control_plane = ControlPlane(tmp_path, QINGLONG_HEARTBEAT_INTERVAL_SECONDS="1",
-                                 QINGLONG_SESSION_LEASE_SECONDS="20")
+    control_plane = ControlPlane(
+        tmp_path, QINGLONG_HEARTBEAT_INTERVAL_SECONDS="1", QINGLONG_SESSION_LEASE_SECONDS="20"
+    )
     control_plane.start()
     yield control_plane
     control_plane.stop()
@@ -55,7 +56,9 @@ def agent(plane, tmp_path):
 
 
 def live_session(worker, generation: int) -> WorkerSession | None:
-    return WorkerSession.objects.filter(worker=worker, generation=generation, state=SessionState.ONLINE).first()
+    return WorkerSession.objects.filter(
+        worker=worker, generation=generation, state=SessionState.ONLINE
+    ).first()
 
 
 def finished(run) -> Run | None:
@@ -104,14 +107,21 @@ def test_forced_rotation_is_carried_out_and_revocation_stops_the_agent_for_good(
 
     # the operator forces a rotation (from this process: the server hears of it via the epoch file)
     services.credential_force_rotation(worker_id=worker.pk, actor="alice")
-    rotated = wait_for(lambda: json.loads(state.read_text())["credentialId"] != enrolled
-                       and json.loads(state.read_text())["credentialId"], what="the agent to rotate its key")
+    rotated = wait_for(
+        lambda: (
+            json.loads(state.read_text())["credentialId"] != enrolled
+            and json.loads(state.read_text())["credentialId"]
+        ),
+        what="the agent to rotate its key",
+    )
     assert WorkerCredential.objects.get(pk=rotated).state == CredentialState.ACTIVE
     assert not Worker.objects.get(pk=worker.pk).rotation_required
 
     # a long job under the new key, then the operator revokes the worker from the command line
     run = enqueue(make_revision(command="sleep 60", max_attempts=2, lost_retry="idempotent"))
-    attempt = wait_for(lambda: RunAttempt.objects.filter(run=run, state="running").first(), what="the job to run")
+    attempt = wait_for(
+        lambda: RunAttempt.objects.filter(run=run, state="running").first(), what="the job to run"
+    )
     done = manage("worker_admin", "revoke", worker.name)
     assert done.returncode == 0, done.stderr
     assert process.process.wait(20) == 4, process.log()

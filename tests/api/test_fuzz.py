@@ -104,8 +104,11 @@ def _bind(case, worker, session) -> None:
     """Point a generated body at the caller's own worker and live session, so that signed cases
     get past principal binding into the session and lease services."""
     if isinstance(case.body, dict):
-        for key, value in (("workerId", str(worker.worker_id)), ("sessionId", str(session.session_id)),
-                           ("generation", session.generation)):
+        for key, value in (
+            ("workerId", str(worker.worker_id)),
+            ("sessionId", str(session.session_id)),
+            ("generation", session.generation),
+        ):
             if key in case.body:
                 case.body[key] = value
 
@@ -152,13 +155,22 @@ def test_fuzz_operation(schema, callers, method, path, mode):
         if mode == "staff":
             headers["Authorization"] = f"Token {staff_token}"
         if mode in ("signed", "worker-signed"):
-            headers.update(sign_request(method=method, path=_target(case), body=payload,
-                                        key_id=worker.credential_id, private_key=worker.key))
+            headers.update(
+                sign_request(
+                    method=method,
+                    path=_target(case),
+                    body=payload,
+                    key_id=worker.credential_id,
+                    private_key=worker.key,
+                )
+            )
         response = case.call(headers=headers, data=payload, environ_base={"REMOTE_ADDR": "192.0.2.7"})
         case.validate_response(response, checks=CHECKS)
         if mode == "worker-signed":  # refused, unless no route matched the generated path at all
             assert (response.status_code, response.json()["code"]) in (
-                (403, "worker_credential_forbidden"), (404, "not_found")), response.json()
+                (403, "worker_credential_forbidden"),
+                (404, "not_found"),
+            ), response.json()
         if mode == "signed" and case.meta.generation.mode is GenerationMode.NEGATIVE:
             assert response.status_code >= 400, f"accepted schema-violating input: {payload[:300]!r}"
 

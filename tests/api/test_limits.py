@@ -33,15 +33,27 @@ def test_an_oversized_body_is_refused_before_authentication_and_parsing(client, 
     with CaptureQueriesContext(connection) as queries:
         answer = client.generic("POST", wire.SESSION_HEARTBEAT, oversized, content_type="application/json")
     assert answer.status_code == 413
-    assert answer.json() == {"code": "body_too_large", "field": None, "details": {"limitBytes": 4096},
-                             "message": f"the body is {len(oversized)} bytes; this endpoint takes at most 4096"}
+    assert answer.json() == {
+        "code": "body_too_large",
+        "field": None,
+        "details": {"limitBytes": 4096},
+        "message": f"the body is {len(oversized)} bytes; this endpoint takes at most 4096",
+    }
     assert len(queries) == 0
 
 
-@pytest.mark.parametrize(("path", "limit"), [
-    (wire.SESSION_HEARTBEAT, 4 * 1024), (wire.SESSION_REGISTER, 20 * 1024), (wire.LEASE_COMPLETE, 24 * 1024),
-    (wire.CLAIM, 4 * 1024), (wire.ENROLL, 4 * 1024), (wire.ROTATE_KEY, 4 * 1024), ("/api/v1/ops/tasks", 96 * 1024),
-])
+@pytest.mark.parametrize(
+    ("path", "limit"),
+    [
+        (wire.SESSION_HEARTBEAT, 4 * 1024),
+        (wire.SESSION_REGISTER, 20 * 1024),
+        (wire.LEASE_COMPLETE, 24 * 1024),
+        (wire.CLAIM, 4 * 1024),
+        (wire.ENROLL, 4 * 1024),
+        (wire.ROTATE_KEY, 4 * 1024),
+        ("/api/v1/ops/tasks", 96 * 1024),
+    ],
+)
 def test_each_endpoint_has_its_own_limit(api, path, limit):
     signed, _ = api
     at_limit = signed.post(path, b" " * limit)
@@ -51,12 +63,14 @@ def test_each_endpoint_has_its_own_limit(api, path, limit):
 
 
 def test_a_content_length_that_is_not_a_number_is_refused(client):
-    answer = client.generic("POST", wire.SESSION_HEARTBEAT, b"{}", content_type="application/json",
-                            CONTENT_LENGTH="12abc")
+    answer = client.generic(
+        "POST", wire.SESSION_HEARTBEAT, b"{}", content_type="application/json", CONTENT_LENGTH="12abc"
+    )
     assert answer.status_code == 400
     assert (answer.json()["code"], answer.json()["field"]) == ("content_length_invalid", "Content-Length")
-    negative = client.generic("POST", wire.SESSION_HEARTBEAT, b"{}", content_type="application/json",
-                              CONTENT_LENGTH="-1")
+    negative = client.generic(
+        "POST", wire.SESSION_HEARTBEAT, b"{}", content_type="application/json", CONTENT_LENGTH="-1"
+    )
     assert negative.json()["code"] == "content_length_invalid"
 
 
@@ -77,7 +91,10 @@ def test_a_duplicate_key_is_refused_naming_where(api):
     nested = b'{"token":"t","publicKey":{"a":1,"a":2}}'
     answer = signed.client.post(wire.ENROLL, nested, content_type="application/json")
     assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (
-        400, "json_duplicate_key", "publicKey")
+        400,
+        "json_duplicate_key",
+        "publicKey",
+    )
 
 
 @pytest.mark.parametrize("raw", [b'{"availableSlots": NaN}', b'{"a": 1e999}', b'{"a": "\\ud800"}', b"\xff"])
@@ -114,7 +131,12 @@ def test_worker_endpoints_take_only_post(api):
     assert (unsigned.status_code, unsigned.json()["code"]) == (401, "signature_missing")
     from protocol.signing import sign_request
 
-    headers = sign_request(method="GET", path=wire.SESSION_HEARTBEAT, body=b"", key_id=signed.worker.credential_id,
-                           private_key=signed.worker.key)
+    headers = sign_request(
+        method="GET",
+        path=wire.SESSION_HEARTBEAT,
+        body=b"",
+        key_id=signed.worker.credential_id,
+        private_key=signed.worker.key,
+    )
     answer = signed.client.get(wire.SESSION_HEARTBEAT, headers=headers)
     assert (answer.status_code, answer.json()["code"]) == (405, "method_not_allowed")

@@ -29,7 +29,9 @@ def test_the_committed_schema_is_the_generated_one():
     from drf_spectacular.renderers import OpenApiYamlRenderer
 
     rendered = OpenApiYamlRenderer().render(generated(), renderer_context={}).decode("utf-8")
-    assert COMMITTED.read_text(encoding="utf-8") == rendered, f"docs/openapi.yaml drifted from the code; {REGENERATE}"
+    assert COMMITTED.read_text(encoding="utf-8") == rendered, (
+        f"docs/openapi.yaml drifted from the code; {REGENERATE}"
+    )
 
 
 def test_the_schema_is_served_at_its_documented_url(client):
@@ -55,7 +57,8 @@ def test_every_route_is_described_with_its_security_and_errors():
                 assert {"401", "403", "413", "429"} <= set(operation["responses"]), label
             elif path.startswith("/api/v1/worker/"):
                 assert operation["security"] == [
-                    {"workerSignature": [], "workerSignatureInput": [], "workerContentDigest": []}], label
+                    {"workerSignature": [], "workerSignatureInput": [], "workerContentDigest": []}
+                ], label
                 assert {"401", "403", "409", "413", "429"} <= set(operation["responses"]), label
             else:
                 assert operation["security"] == [{"tokenAuth": []}, {"cookieAuth": []}], label
@@ -63,7 +66,8 @@ def test_every_route_is_described_with_its_security_and_errors():
             for status, response in operation["responses"].items():
                 if status >= "400":
                     assert response["content"]["application/json"]["schema"] == {
-                        "$ref": "#/components/schemas/Error"}, label
+                        "$ref": "#/components/schemas/Error"
+                    }, label
 
 
 @pytest.mark.parametrize("name", ["RegisterRequest", "HeartbeatRequest", "ClaimRequest", "EnrollRequest"])

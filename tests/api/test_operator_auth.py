@@ -29,9 +29,12 @@ def test_anonymous_callers_are_asked_to_authenticate(client):
 def test_a_staff_token_reads_and_writes(client):
     headers = {"Authorization": f"Token {token_for('ops', staff=True)}"}
     assert client.get(RUNS, headers=headers).status_code == 200
-    created = client.post("/api/v1/ops/tasks", {"name": "nightly", "executor": "shell", "command": "true",
-                                                "timeoutSeconds": 10}, content_type="application/json",
-                          headers=headers)
+    created = client.post(
+        "/api/v1/ops/tasks",
+        {"name": "nightly", "executor": "shell", "command": "true", "timeoutSeconds": 10},
+        content_type="application/json",
+        headers=headers,
+    )
     assert created.status_code == 201, created.json()
 
 
@@ -55,20 +58,35 @@ def test_a_staff_session_reads_and_needs_csrf_to_write(client):
     assert (refused.status_code, refused.json()["code"]) == (403, "permission_denied")
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("GET", RUNS), ("POST", RUNS), ("POST", "/api/v1/ops/tasks"),
-    ("GET", "/api/v1/ops/runs/01900000-0000-7000-8000-000000000000"),
-])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", RUNS),
+        ("POST", RUNS),
+        ("POST", "/api/v1/ops/tasks"),
+        ("GET", "/api/v1/ops/runs/01900000-0000-7000-8000-000000000000"),
+    ],
+)
 def test_a_worker_signature_never_reaches_an_operator_endpoint(client, method, path):
     worker = enrolled_worker()
     staff_token = token_for("ops2", staff=True)
     from protocol.signing import sign_request
 
-    headers = sign_request(method=method, path=path, body=b"{}" if method == "POST" else b"",
-                           key_id=worker.credential_id, private_key=worker.key)
+    headers = sign_request(
+        method=method,
+        path=path,
+        body=b"{}" if method == "POST" else b"",
+        key_id=worker.credential_id,
+        private_key=worker.key,
+    )
     for extra in ({}, {"Authorization": f"Token {staff_token}"}):  # not even next to a staff token
-        answer = client.generic(method, path, b"{}" if method == "POST" else b"", content_type="application/json",
-                                headers={**headers, **extra})
+        answer = client.generic(
+            method,
+            path,
+            b"{}" if method == "POST" else b"",
+            content_type="application/json",
+            headers={**headers, **extra},
+        )
         assert (answer.status_code, answer.json()["code"]) == (403, "worker_credential_forbidden")
 
 

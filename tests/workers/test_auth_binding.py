@@ -39,11 +39,15 @@ def two_workers(client):
 def test_worker_a_key_with_worker_b_id_is_refused_before_any_query(client, two_workers):
     (a, session_a), (b, _) = two_workers
     with CaptureQueriesContext(connection) as queries:
-        answer = SignedClient(client, a).post(wire.SESSION_HEARTBEAT,
-                                              heartbeat(session_a, workerId=str(b.worker_id)))
+        answer = SignedClient(client, a).post(
+            wire.SESSION_HEARTBEAT, heartbeat(session_a, workerId=str(b.worker_id))
+        )
     assert answer.status_code == 403
-    assert answer.json() == {"code": "principal_mismatch", "message": "workerId is not the authenticated worker",
-                             "field": "workerId"}
+    assert answer.json() == {
+        "code": "principal_mismatch",
+        "message": "workerId is not the authenticated worker",
+        "field": "workerId",
+    }
     assert len(queries) == 0, [q["sql"] for q in queries]
 
 
@@ -56,10 +60,23 @@ def test_worker_a_key_with_worker_b_session_is_refused_before_any_query(client, 
             api.post(wire.SESSION_HEARTBEAT, heartbeat(session_b)),
             api.post(wire.SESSION_DRAIN, {**session_b.fence(), "expectedVersion": session_b.version}),
             api.post(wire.SESSION_OFFLINE, {**session_b.fence(), "expectedVersion": session_b.version}),
-            api.post(wire.CLAIM, {**session_b.fence(), "offers": [
-                {"offerId": str(OfferTicket().offer_id), "leaseToken": OfferTicket().token}]}),
-            api.post(wire.LEASE_RENEW, {**session_b.fence(), "attemptId": str(uuid.uuid4()), "leaseGeneration": 1,
-                                        "leaseToken": OfferTicket().token, "leaseVersion": 0}),
+            api.post(
+                wire.CLAIM,
+                {
+                    **session_b.fence(),
+                    "offers": [{"offerId": str(OfferTicket().offer_id), "leaseToken": OfferTicket().token}],
+                },
+            ),
+            api.post(
+                wire.LEASE_RENEW,
+                {
+                    **session_b.fence(),
+                    "attemptId": str(uuid.uuid4()),
+                    "leaseGeneration": 1,
+                    "leaseToken": OfferTicket().token,
+                    "leaseVersion": 0,
+                },
+            ),
         ]
     for answer in answers:
         assert answer.status_code == 403, answer.json()
@@ -82,16 +99,28 @@ def test_registering_over_http_binds_the_session_to_its_worker_at_once(client):
 
     a, b = enrolled_worker(), enrolled_worker()
     session_id = str(uuid7())
-    registered = SignedClient(client, b).post(wire.SESSION_REGISTER, {
-        "sessionId": session_id, "capabilities": BASE_SNAPSHOT, "maxConcurrentRuns": 1, "availableSlots": 1,
-        "softwareVersion": "test/1", "protocolVersion": 1})
+    registered = SignedClient(client, b).post(
+        wire.SESSION_REGISTER,
+        {
+            "sessionId": session_id,
+            "capabilities": BASE_SNAPSHOT,
+            "maxConcurrentRuns": 1,
+            "availableSlots": 1,
+            "softwareVersion": "test/1",
+            "protocolVersion": 1,
+        },
+    )
     assert registered.status_code == 201, registered.json()
     api = SignedClient(client, a)
-    api.post(wire.SESSION_HEARTBEAT, {"sessionId": session_id, "generation": 1, "expectedVersion": 0,
-                                      "availableSlots": 1})  # warms A's credential
+    api.post(
+        wire.SESSION_HEARTBEAT,
+        {"sessionId": session_id, "generation": 1, "expectedVersion": 0, "availableSlots": 1},
+    )  # warms A's credential
     with CaptureQueriesContext(connection) as queries:
-        answer = api.post(wire.SESSION_HEARTBEAT, {"sessionId": session_id, "generation": 1, "expectedVersion": 0,
-                                                   "availableSlots": 1})
+        answer = api.post(
+            wire.SESSION_HEARTBEAT,
+            {"sessionId": session_id, "generation": 1, "expectedVersion": 0, "availableSlots": 1},
+        )
     assert answer.status_code == 403 and answer.json()["field"] == "sessionId"
     assert len(queries) == 0
 
@@ -99,9 +128,15 @@ def test_registering_over_http_binds_the_session_to_its_worker_at_once(client):
 def test_own_ids_pass_and_non_ids_are_left_to_the_serializer(client, two_workers):
     (a, session_a), _ = two_workers
     api = SignedClient(client, a)
-    assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session_a, workerId=str(a.worker_id))).status_code == 200
+    assert (
+        api.post(wire.SESSION_HEARTBEAT, heartbeat(session_a, workerId=str(a.worker_id))).status_code == 200
+    )
     answer = api.post(wire.SESSION_HEARTBEAT, heartbeat(session_a, workerId="not-a-uuid"))
-    assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (400, "validation_failed", "workerId")
+    assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (
+        400,
+        "validation_failed",
+        "workerId",
+    )
     answer = api.post(wire.SESSION_HEARTBEAT, heartbeat(session_a, sessionId=7))
     assert (answer.status_code, answer.json()["field"]) == (400, "sessionId")
 
@@ -114,7 +149,9 @@ def test_path_arguments_are_bound_like_body_fields(two_workers):
     from rest_framework.request import Request
 
     request = Request(request, parsers=[JSONParser()])
-    check_principal_binding(principal, request, {"worker_id": str(a.worker_id), "session_id": str(session_a.session_id)})
+    check_principal_binding(
+        principal, request, {"worker_id": str(a.worker_id), "session_id": str(session_a.session_id)}
+    )
     with pytest.raises(DomainError) as refused:
         check_principal_binding(principal, request, {"worker_id": str(b.worker_id)})
     assert (refused.value.code, refused.value.field) == ("principal_mismatch", "worker_id")

@@ -30,7 +30,9 @@ def heartbeat(session):
 def claim(session, count: int):
     tickets = [OfferTicket() for _ in range(count)]
     offers = lease_services.lease_claim(
-        worker_id=session.worker.worker_id, session_id=session.session_id, generation=session.generation,
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
         offers=[lease_services.OfferRequest(t.offer_id, t.token) for t in tickets],
     )
     by_offer = {ticket.offer_id: ticket for ticket in tickets}
@@ -38,12 +40,23 @@ def claim(session, count: int):
 
 
 def start(session, lease, ticket) -> None:
-    fence = {"worker_id": session.worker.worker_id, "session_id": session.session_id,
-             "generation": session.generation, "attempt_id": lease.attempt_id,
-             "lease_generation": lease.lease_generation, "lease_token": ticket.token}
+    fence = {
+        "worker_id": session.worker.worker_id,
+        "session_id": session.session_id,
+        "generation": session.generation,
+        "attempt_id": lease.attempt_id,
+        "lease_generation": lease.lease_generation,
+        "lease_token": ticket.token,
+    }
     lease_services.lease_starting(**fence, offer_id=ticket.offer_id, lease_version=lease.version)
-    lease_services.lease_running(**fence, offer_id=ticket.offer_id, lease_version=lease.version, pid=99, pgid=99,
-                                 executor_handle="pid=99 pgid=99")
+    lease_services.lease_running(
+        **fence,
+        offer_id=ticket.offer_id,
+        lease_version=lease.version,
+        pid=99,
+        pgid=99,
+        executor_handle="pid=99 pgid=99",
+    )
 
 
 @pytest.fixture
@@ -51,8 +64,9 @@ def busy_worker(client):
     """A worker whose session holds one started attempt (lost-retry allowed) and one unstarted."""
     worker = enrolled_worker()
     session = register(worker)
-    started_run = enqueue(make_revision(command="sleep 60", max_attempts=2, lost_retry="idempotent",
-                                        retry_backoff_seconds=1))
+    started_run = enqueue(
+        make_revision(command="sleep 60", max_attempts=2, lost_retry="idempotent", retry_backoff_seconds=1)
+    )
     unstarted_run = enqueue(make_revision(command="true"))
     leases = {lease.run_id: (lease, ticket) for lease, ticket in claim(session, 2)}
     start(session, *leases[started_run.pk])
@@ -63,22 +77,30 @@ def busy_worker(client):
 
 def assert_revoked_everywhere(worker, session, started_run, unstarted_run) -> None:
     assert Worker.objects.get(pk=worker.worker_id).state == WorkerState.REVOKED
-    assert set(WorkerCredential.objects.filter(worker_id=worker.worker_id).values_list("state", flat=True)) == {
-        CredentialState.REVOKED}
+    assert set(
+        WorkerCredential.objects.filter(worker_id=worker.worker_id).values_list("state", flat=True)
+    ) == {CredentialState.REVOKED}
     stored = WorkerSession.objects.get(pk=session.session_id)
     assert (stored.state, stored.end_reason, stored.available_slots) == (SessionState.FENCED, "revoked", 0)
-    assert set(RunDispatchLease.objects.filter(worker_id=worker.worker_id).values_list(
-        "state", "release_reason")) == {("released", "worker_revoked")}
+    assert set(
+        RunDispatchLease.objects.filter(worker_id=worker.worker_id).values_list("state", "release_reason")
+    ) == {("released", "worker_revoked")}
     # started → lost, and retried per its policy; unstarted → back to the queue, same attempt
     lost = RunAttempt.objects.get(run=started_run)
     assert lost.state == "lost"
     assert Run.objects.get(pk=started_run.pk).state == "retry_wait"
     waiting = RunAttempt.objects.get(run=unstarted_run)
-    assert (waiting.state, waiting.number, waiting.worker_id, waiting.session_id) == ("claimed", 1, None, None)
+    assert (waiting.state, waiting.number, waiting.worker_id, waiting.session_id) == (
+        "claimed",
+        1,
+        None,
+        None,
+    )
 
 
 def test_revocation_kills_credentials_fences_the_session_and_settles_leases_in_one_go(
-        busy_worker, django_capture_on_commit_callbacks):
+    busy_worker, django_capture_on_commit_callbacks
+):
     worker, session, api, started_run, unstarted_run = busy_worker
     with django_capture_on_commit_callbacks(execute=True):
         services.worker_revoke(worker_id=worker.worker_id, actor="alice")
@@ -107,12 +129,22 @@ def test_revocation_is_all_or_nothing(busy_worker, monkeypatch):
         raise RuntimeError("settlement failed half-way")
 
     monkeypatch.setattr("leases.settlement.settle_session_leases", broken)
-    before = (list(WorkerCredential.objects.values()), list(WorkerSession.objects.values()),
-              list(Worker.objects.values()), list(RunDispatchLease.objects.values()), Event.objects.count())
+    before = (
+        list(WorkerCredential.objects.values()),
+        list(WorkerSession.objects.values()),
+        list(Worker.objects.values()),
+        list(RunDispatchLease.objects.values()),
+        Event.objects.count(),
+    )
     with pytest.raises(RuntimeError):
         services.worker_revoke(worker_id=worker.worker_id)
-    after = (list(WorkerCredential.objects.values()), list(WorkerSession.objects.values()),
-             list(Worker.objects.values()), list(RunDispatchLease.objects.values()), Event.objects.count())
+    after = (
+        list(WorkerCredential.objects.values()),
+        list(WorkerSession.objects.values()),
+        list(Worker.objects.values()),
+        list(RunDispatchLease.objects.values()),
+        Event.objects.count(),
+    )
     assert after == before
 
 
@@ -127,8 +159,11 @@ def test_revoking_twice_changes_nothing_the_second_time(busy_worker):
 def test_the_admin_action_revokes(busy_worker, admin_client, django_capture_on_commit_callbacks):
     worker, session, api, started_run, unstarted_run = busy_worker
     with django_capture_on_commit_callbacks(execute=True):
-        answer = admin_client.post("/admin/workers/worker/", {"action": "revoke",
-                                                              "_selected_action": [str(worker.worker_id)]}, follow=True)
+        answer = admin_client.post(
+            "/admin/workers/worker/",
+            {"action": "revoke", "_selected_action": [str(worker.worker_id)]},
+            follow=True,
+        )
     assert answer.status_code == 200
     assert_revoked_everywhere(worker, session, started_run, unstarted_run)
     assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session)).json()["code"] == "credential_revoked"

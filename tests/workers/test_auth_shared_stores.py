@@ -59,12 +59,26 @@ print(json.dumps({"accepted": accepted, "allowed": allowed}))
 
 @pytest.mark.redis
 def test_two_cluster_replicas_see_each_nonce_once_and_share_rate_limits(redis_url, tmp_path):
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "qinglong.settings", "QINGLONG_PROFILE": "cluster-control",
-           "REDIS_URL": redis_url, "DJANGO_SECRET_KEY": "replica-test-key",
-           "DATABASE_URL": "postgres://unused@127.0.0.1:5432/never-connected"}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "qinglong.settings",
+        "QINGLONG_PROFILE": "cluster-control",
+        "REDIS_URL": redis_url,
+        "DJANGO_SECRET_KEY": "replica-test-key",
+        "DATABASE_URL": "postgres://unused@127.0.0.1:5432/never-connected",
+    }
     go, key_id, count = tmp_path / "go", f"wkc_{secrets.token_hex(8)}", 200
-    replicas = [subprocess.Popen([sys.executable, "-c", REPLICA, str(go), key_id, str(count)], cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    replicas = [
+        subprocess.Popen(
+            [sys.executable, "-c", REPLICA, str(go), key_id, str(count)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     time.sleep(1.0)  # both replicas import Django and wait for the go file
     go.touch()
     results = []
@@ -81,18 +95,32 @@ def test_two_cluster_replicas_see_each_nonce_once_and_share_rate_limits(redis_ur
 @pytest.mark.redis
 @pytest.mark.django_db
 def test_a_replay_is_refused_over_http_with_the_redis_store(client, settings, redis_url):
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url,
-                                   "KEY_PREFIX": f"t{secrets.token_hex(4)}"}}
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": redis_url,
+            "KEY_PREFIX": f"t{secrets.token_hex(4)}",
+        }
+    }
     from django.core.cache import cache
 
     try:
         worker = enrolled_worker()
         session = register(worker)
         raw = strictjson.dumps({**session.fence(), "expectedVersion": session.version, "availableSlots": 2})
-        headers = sign_request(method="POST", path=wire.SESSION_HEARTBEAT, body=raw, key_id=worker.credential_id,
-                               private_key=worker.key)
-        send = lambda: client.generic("POST", wire.SESSION_HEARTBEAT, raw, content_type="application/json",  # noqa: E731
-                                      headers=headers)
+        headers = sign_request(
+            method="POST",
+            path=wire.SESSION_HEARTBEAT,
+            body=raw,
+            key_id=worker.credential_id,
+            private_key=worker.key,
+        )
+
+        def send():
+            return client.generic(
+                "POST", wire.SESSION_HEARTBEAT, raw, content_type="application/json", headers=headers
+            )
+
         assert send().status_code == 200
         replay = send()
         assert (replay.status_code, replay.json()["code"]) == (401, "signature_replayed")

@@ -39,8 +39,9 @@ def send(client, path, raw: bytes, headers: dict[str, str]):
 
 
 def signed_headers(worker, path, raw, **kwargs):
-    return sign_request(method="POST", path=path, body=raw, key_id=worker.credential_id, private_key=worker.key,
-                        **kwargs)
+    return sign_request(
+        method="POST", path=path, body=raw, key_id=worker.credential_id, private_key=worker.key, **kwargs
+    )
 
 
 def refused(answer, status, code):
@@ -64,8 +65,11 @@ def test_a_nonce_is_single_use_across_endpoints_too(client, worker_session):
     worker, session = worker_session
     api = SignedClient(client, worker)
     assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session), nonce="n" * 22).status_code == 200
-    refused(api.post(wire.SESSION_DRAIN, {**session.fence(), "expectedVersion": session.version}, nonce="n" * 22),
-            401, "signature_replayed")
+    refused(
+        api.post(wire.SESSION_DRAIN, {**session.fence(), "expectedVersion": session.version}, nonce="n" * 22),
+        401,
+        "signature_replayed",
+    )
 
 
 @pytest.mark.parametrize("offset", [-65, +65, -3600])
@@ -73,12 +77,17 @@ def test_a_request_outside_the_server_clock_window_is_stale(client, worker_sessi
     worker, session = worker_session
     created = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=offset)
     before = rows()
-    refused(SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session), created=created),
-            401, "signature_stale")
+    refused(
+        SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session), created=created),
+        401,
+        "signature_stale",
+    )
     assert rows() == before
 
 
-def test_the_window_is_a_setting_read_on_every_request(client, worker_session, protocol_settings, monkeypatch):
+def test_the_window_is_a_setting_read_on_every_request(
+    client, worker_session, protocol_settings, monkeypatch
+):
     worker, session = worker_session
     monkeypatch.setattr(auth, "PROCESS_STARTED", 0)  # this process has been up for ever
     created = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=20)
@@ -91,8 +100,11 @@ def test_the_window_is_a_setting_read_on_every_request(client, worker_session, p
 def test_a_request_signed_with_another_key_is_refused(client, worker_session):
     worker, session = worker_session
     other = enrolled_worker()
-    refused(SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session), key=other.key),
-            401, "signature_invalid")
+    refused(
+        SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session), key=other.key),
+        401,
+        "signature_invalid",
+    )
 
 
 def test_a_request_signed_for_another_path_is_refused(client, worker_session):
@@ -100,7 +112,9 @@ def test_a_request_signed_for_another_path_is_refused(client, worker_session):
     raw = strictjson.dumps({**session.fence(), "expectedVersion": session.version})
     headers = signed_headers(worker, wire.SESSION_HEARTBEAT, raw)  # signed for heartbeat …
     before = rows()
-    refused(send(client, wire.SESSION_OFFLINE, raw, headers), 401, "signature_path_mismatch")  # … sent to offline
+    refused(
+        send(client, wire.SESSION_OFFLINE, raw, headers), 401, "signature_path_mismatch"
+    )  # … sent to offline
     assert rows() == before
 
 
@@ -121,7 +135,10 @@ def test_a_tampered_body_is_refused(client, worker_session):
     before = rows()
     refused(send(client, wire.SESSION_HEARTBEAT, tampered, headers), 401, "content_digest_mismatch")
     # … and with a digest recomputed for the new body, the signature no longer covers it.
-    rehashed = {**headers, "Content-Digest": signed_headers(worker, wire.SESSION_HEARTBEAT, tampered)["Content-Digest"]}
+    rehashed = {
+        **headers,
+        "Content-Digest": signed_headers(worker, wire.SESSION_HEARTBEAT, tampered)["Content-Digest"],
+    }
     refused(send(client, wire.SESSION_HEARTBEAT, tampered, rehashed), 401, "signature_invalid")
     assert rows() == before
 
@@ -129,10 +146,28 @@ def test_a_tampered_body_is_refused(client, worker_session):
 def test_unknown_keyid_missing_and_malformed_signatures(client, worker_session):
     worker, session = worker_session
     raw = strictjson.dumps(heartbeat(session))
-    refused(send(client, wire.SESSION_HEARTBEAT, raw, signed_headers(worker, wire.SESSION_HEARTBEAT, raw,)
-                 | {"Signature-Input": "ql=();created=1"}), 401, "signature_malformed")
-    unknown = sign_request(method="POST", path=wire.SESSION_HEARTBEAT, body=raw, key_id="wkc_nobody",
-                           private_key=Ed25519PrivateKey.generate())
+    refused(
+        send(
+            client,
+            wire.SESSION_HEARTBEAT,
+            raw,
+            signed_headers(
+                worker,
+                wire.SESSION_HEARTBEAT,
+                raw,
+            )
+            | {"Signature-Input": "ql=();created=1"},
+        ),
+        401,
+        "signature_malformed",
+    )
+    unknown = sign_request(
+        method="POST",
+        path=wire.SESSION_HEARTBEAT,
+        body=raw,
+        key_id="wkc_nobody",
+        private_key=Ed25519PrivateKey.generate(),
+    )
     refused(send(client, wire.SESSION_HEARTBEAT, raw, unknown), 401, "credential_unknown")
     refused(send(client, wire.SESSION_HEARTBEAT, raw, {}), 401, "signature_missing")
     headers = signed_headers(worker, wire.SESSION_HEARTBEAT, raw)
@@ -160,26 +195,37 @@ def test_a_warm_request_authenticates_without_a_query(client, worker_session):
     assert not any("worker_credential" in q["sql"] for q in queries), [q["sql"] for q in queries]
 
 
-def test_failed_authentications_are_limited_per_address_not_per_worker(client, worker_session, protocol_settings):
+def test_failed_authentications_are_limited_per_address_not_per_worker(
+    client, worker_session, protocol_settings
+):
     worker, session = worker_session
     protocol_settings(RATE_AUTH_FAILURES="3/m")
     forger = {"REMOTE_ADDR": "198.51.100.9"}
     raw = strictjson.dumps(heartbeat(session))
-    forged = sign_request(method="POST", path=wire.SESSION_HEARTBEAT, body=raw, key_id=worker.credential_id,
-                          private_key=Ed25519PrivateKey.generate())
+    forged = sign_request(
+        method="POST",
+        path=wire.SESSION_HEARTBEAT,
+        body=raw,
+        key_id=worker.credential_id,
+        private_key=Ed25519PrivateKey.generate(),
+    )
     for _ in range(3):
-        answer = client.generic("POST", wire.SESSION_HEARTBEAT, raw, content_type="application/json",
-                                headers=forged, **forger)
+        answer = client.generic(
+            "POST", wire.SESSION_HEARTBEAT, raw, content_type="application/json", headers=forged, **forger
+        )
         refused(answer, 401, "signature_invalid")
-    answer = client.generic("POST", wire.SESSION_HEARTBEAT, raw, content_type="application/json",
-                            headers=forged, **forger)
+    answer = client.generic(
+        "POST", wire.SESSION_HEARTBEAT, raw, content_type="application/json", headers=forged, **forger
+    )
     refused(answer, 429, "rate_limited")
     assert 1 <= int(answer["Retry-After"]) <= 60
     # the worker itself, from its own address, is not locked out by the forger
     assert SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
 
 
-def test_a_request_signed_before_a_standalone_restart_is_refused_retryably(client, worker_session, monkeypatch):
+def test_a_request_signed_before_a_standalone_restart_is_refused_retryably(
+    client, worker_session, monkeypatch
+):
     """The standalone nonce store lives in process memory; after a restart it cannot know the
     nonces of requests signed before, so those must be signed again (503, retried by agents)."""
     worker, session = worker_session

@@ -62,15 +62,20 @@ def test_a_second_use_of_a_token_is_refused_and_audited(client, issued):
     credentials = list(WorkerCredential.objects.values())
     again = enroll(client, token.token)
     assert again.status_code == 401
-    assert again.json() == {"code": "enrollment_token_used", "message": "the enrollment token was already used",
-                            "field": "token"}
+    assert again.json() == {
+        "code": "enrollment_token_used",
+        "message": "the enrollment token was already used",
+        "field": "token",
+    }
     assert list(WorkerCredential.objects.values()) == credentials
     assert refusals("enrollment_token_used") == 1
 
 
 def test_an_expired_token_is_refused_and_audited(client, issued):
     _, token = issued
-    EnrollmentToken.objects.filter(pk=token.record.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    EnrollmentToken.objects.filter(pk=token.record.pk).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
     answer = enroll(client, token.token)
     assert (answer.status_code, answer.json()["code"]) == (401, "enrollment_token_expired")
     assert not WorkerCredential.objects.exists()
@@ -90,7 +95,10 @@ def test_a_token_for_another_worker_is_refused_and_audited(client, issued):
 def test_an_unknown_token_is_refused_and_audited(client):
     answer = enroll(client, "qlenroll_" + "x" * 43)
     assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (
-        401, "enrollment_token_invalid", "token")
+        401,
+        "enrollment_token_invalid",
+        "token",
+    )
     event = Event.objects.get(kind="enrollment.refused")
     assert event.worker_id is None and event.actor == "203.0.113.5"
 
@@ -100,11 +108,16 @@ def test_a_malformed_public_key_is_refused_by_field_and_spends_no_token(client, 
     _, token = issued
     answer = enroll(client, token.token, public_key)
     assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (
-        400, "validation_failed", "publicKey")
+        400,
+        "validation_failed",
+        "publicKey",
+    )
     assert enroll(client, token.token).status_code == 201
 
 
-def test_re_enrolling_invalidates_the_previous_credentials_at_once(client, django_capture_on_commit_callbacks):
+def test_re_enrolling_invalidates_the_previous_credentials_at_once(
+    client, django_capture_on_commit_callbacks
+):
     worker = enrolled_worker()
     session = register(worker)
     api = SignedClient(client, worker)
@@ -173,8 +186,11 @@ def test_the_enroll_worker_command_prints_the_token_once(capsys):
 
 def test_the_admin_action_shows_a_token_once(admin_client):
     worker = services.worker_create(name="edge-9")
-    answer = admin_client.post("/admin/workers/worker/", {"action": "issue_enrollment_token",
-                                                          "_selected_action": [str(worker.pk)]}, follow=True)
+    answer = admin_client.post(
+        "/admin/workers/worker/",
+        {"action": "issue_enrollment_token", "_selected_action": [str(worker.pk)]},
+        follow=True,
+    )
     assert answer.status_code == 200
     shown = [str(m) for m in answer.context["messages"]]
     assert len(shown) == 1 and "qlenroll_" in shown[0]

@@ -61,7 +61,9 @@ def test_rotation_installs_the_new_key_and_keeps_the_old_for_the_grace_period(ro
     assert previous.state == CredentialState.ROTATED
     until = parse_datetime(answer["previousCredentialValidUntil"])
     assert until == previous.not_after
-    grace = (previous.not_after - WorkerCredential.objects.get(pk=answer["credentialId"]).created_at).total_seconds()
+    grace = (
+        previous.not_after - WorkerCredential.objects.get(pk=answer["credentialId"]).created_at
+    ).total_seconds()
     assert abs(grace - 300) < 2  # ROTATION_GRACE_SECONDS, default 5 minutes
     assert Event.objects.filter(kind="credential.rotated", worker_id=worker.worker_id).count() == 1
 
@@ -77,8 +79,11 @@ def test_after_the_grace_period_the_old_key_is_refused(rotating):
 def test_the_grace_period_is_a_setting(client, protocol_settings):
     protocol_settings(ROTATION_GRACE_SECONDS=42)
     worker = enrolled_worker()
-    rotation = services.credential_rotate(worker_id=worker.worker_id, credential_id=worker.credential_id,
-                                          public_key=key_text(Ed25519PrivateKey.generate()))
+    rotation = services.credential_rotate(
+        worker_id=worker.worker_id,
+        credential_id=worker.credential_id,
+        public_key=key_text(Ed25519PrivateKey.generate()),
+    )
     created = rotation.credential.created_at
     assert abs((rotation.previous_valid_until - created).total_seconds() - 42) < 1
 
@@ -104,7 +109,8 @@ def test_a_key_cannot_rotate_to_itself_or_to_a_used_key(client):
 
 
 def test_an_operator_forced_rotation_is_announced_and_carried_out_with_the_current_key(
-        client, django_capture_on_commit_callbacks):
+    client, django_capture_on_commit_callbacks
+):
     worker = enrolled_worker()
     session = register(worker)
     api = SignedClient(client, worker)
@@ -120,7 +126,9 @@ def test_an_operator_forced_rotation_is_announced_and_carried_out_with_the_curre
     assert rotated.status_code == 201, rotated.json()
     # a forced rotation's grace is not extended by carrying it out
     assert parse_datetime(rotated.json()["previousCredentialValidUntil"]) == forced.not_after
-    new = SignedClient(client, type(worker)(worker.worker_id, worker.name, rotated.json()["credentialId"], new_key))
+    new = SignedClient(
+        client, type(worker)(worker.worker_id, worker.name, rotated.json()["credentialId"], new_key)
+    )
     assert new.post(wire.SESSION_HEARTBEAT, heartbeat(session)).json()["rotationRequired"] is False
     assert Worker.objects.get(pk=worker.worker_id).rotation_required is False
 
@@ -153,8 +161,11 @@ def test_the_command_and_the_admin_action_force_rotation(admin_client):
     out = io.StringIO()
     call_command("worker_admin", "rotate", by_command.name, stdout=out)
     assert Worker.objects.get(pk=by_command.worker_id).rotation_required
-    answer = admin_client.post("/admin/workers/worker/", {"action": "force_rotation",
-                                                          "_selected_action": [str(by_admin.worker_id)]}, follow=True)
+    answer = admin_client.post(
+        "/admin/workers/worker/",
+        {"action": "force_rotation", "_selected_action": [str(by_admin.worker_id)]},
+        follow=True,
+    )
     assert answer.status_code == 200
     assert Worker.objects.get(pk=by_admin.worker_id).rotation_required
     assert WorkerCredential.objects.get(pk=by_admin.credential_id).state == CredentialState.ROTATED

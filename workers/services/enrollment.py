@@ -259,8 +259,9 @@ def credential_rotate(*, worker_id: uuid.UUID, credential_id: str, public_key: s
     WorkerCredential.objects.filter(pk=caller.pk).update(state=CredentialState.ROTATED, not_after=valid_until)
     credential = _new_credential(worker, public_key, key, now)
     Worker.objects.filter(pk=worker.pk).update(rotation_required=False)
+    forced = caller.state == CredentialState.ROTATED
     record("credential.rotated", actor_type=ActorType.WORKER, actor=worker.name, worker_id=worker.pk,
-           data={"grace_s": int((valid_until - now).total_seconds()), "forced": caller.state == CredentialState.ROTATED})
+           data={"grace_s": int((valid_until - now).total_seconds()), "forced": forced})
     _forget_credentials_on_commit([caller.pk])
     return Rotation(credential=credential, previous_valid_until=valid_until)
 
@@ -307,9 +308,12 @@ def worker_revoke(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
     """Operator: revoke a worker for good (ADR-0012 §1, PRODUCT invariant 11).
 
     In one transaction: worker → revoked, every credential revoked, the live session fenced,
-    its leases settled (started attempts lost and retried per policy elsewhere, unstarted ones
-    back in the queue), events. The next request signed by it is refused (``credential_revoked``).
-    Revoking a revoked worker is a no-op.
+    its leases settled by ``leases.settlement`` (started attempts lost and retried per policy
+    elsewhere, unstarted ones back in the queue), unused enrollment tokens expired, events. On
+    commit the credential cache forgets its keys in every process, so the next request signed by
+    it is refused (``credential_revoked``); the agent then exits with status 4 and is not
+    restarted. Revoking a revoked worker is a no-op. Locks: worker, then (via settlement) runs,
+    attempts, leases. Raises ``worker_not_found``.
     """
     worker = lock_worker(worker_id)
     if worker.state == WorkerState.REVOKED:
@@ -336,7 +340,9 @@ def worker_drain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
     """Operator drain: the worker takes no new runs, now and across restarts, until undrained.
 
     Its live online session turns ``draining`` (capacity 0, version + 1) in the same
-    transaction; running attempts finish normally. New sessions start draining.
+    transaction; running attempts finish normally. New sessions start draining (ADR-0012 §5.3).
+    Locks: the worker row. Writes: the worker, its session, a ``worker.drained`` event. A worker
+    that is not active is returned unchanged. Raises ``worker_not_found``.
     """
     worker = lock_worker(worker_id)
     if worker.state != WorkerState.ACTIVE:
@@ -353,8 +359,11 @@ def worker_drain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
 
 @write_path
 def worker_undrain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
-    """Operator: end an operator drain. A session the operator drained returns to ``online``
-    (capacity 0 until its next heartbeat reports slots); a worker's own shutdown drain stays."""
+    """Operator: end an operator drain (ADR-0012 §5). A session the operator drained returns to
+    ``online`` (capacity 0 until its next heartbeat reports slots, version + 1); a worker's own
+    shutdown drain stays. Locks: the worker row. Writes: the worker, its session, a
+    ``worker.undrained`` event. A worker not draining is returned unchanged.
+    Raises ``worker_not_found``."""
     worker = lock_worker(worker_id)
     if worker.state != WorkerState.DRAINING:
         return worker

@@ -73,8 +73,15 @@ def test_a_revoked_credential_is_never_retried(tmp_path):
 
 
 def test_transport_errors_and_503_are_retried_until_an_answer(tmp_path):
-    agent = make_agent(tmp_path, [TransportError("connection refused"), ApiError(503, "storage_busy", "busy"),
-                                  ApiError(503, "signature_predates_restart", "sign again"), {"ok": True}])
+    agent = make_agent(
+        tmp_path,
+        [
+            TransportError("connection refused"),
+            ApiError(503, "storage_busy", "busy"),
+            ApiError(503, "signature_predates_restart", "sign again"),
+            {"ok": True},
+        ],
+    )
     assert agent.call(wire.SESSION_HEARTBEAT, {}) == {"ok": True}
     assert len(agent.client.calls) == 4
 
@@ -99,11 +106,15 @@ def test_backoff_is_jittered_capped_and_honours_retry_after():
     delays = [wait(_state_after(TransportError("x"), attempt=10)) for _ in range(200)]
     assert all(0 <= d <= 2.0 for d in delays) and len({round(d, 3) for d in delays}) > 50  # full jitter
     assert wait(_state_after(ApiError(429, "rate_limited", "slow down", retry_after=7))) >= 7
-    assert wait(_state_after(ApiError(429, "rate_limited", "slow down", retry_after=10_000))) == MAX_RETRY_AFTER
+    assert (
+        wait(_state_after(ApiError(429, "rate_limited", "slow down", retry_after=10_000))) == MAX_RETRY_AFTER
+    )
 
 
 def test_rotation_saves_the_new_key_before_switching_to_it(tmp_path):
-    agent = make_agent(tmp_path, [{"credentialId": "wkc_new", "previousCredentialValidUntil": "2030-01-01T00:00Z"}])
+    agent = make_agent(
+        tmp_path, [{"credentialId": "wkc_new", "previousCredentialValidUntil": "2030-01-01T00:00Z"}]
+    )
     assert agent.rotate_key() == "wkc_new"
     path, body = agent.client.calls[0]
     assert path == wire.ROTATE_KEY and len(body["publicKey"]) == 43
@@ -118,9 +129,17 @@ def test_rotation_saves_the_new_key_before_switching_to_it(tmp_path):
 
 
 def test_a_failed_rotation_keeps_the_old_key_and_the_agent_running(tmp_path):
-    heartbeat = {"version": 0, "state": "online", "cancelRequested": [], "rotationRequired": True,
-                 "nextHeartbeatAt": "2030-01-01T00:00:10Z", "serverTime": "2030-01-01T00:00:00Z"}
-    agent = make_agent(tmp_path, [heartbeat, ApiError(409, "credential_superseded", "a newer credential exists")])
+    heartbeat = {
+        "version": 0,
+        "state": "online",
+        "cancelRequested": [],
+        "rotationRequired": True,
+        "nextHeartbeatAt": "2030-01-01T00:00:10Z",
+        "serverTime": "2030-01-01T00:00:00Z",
+    }
+    agent = make_agent(
+        tmp_path, [heartbeat, ApiError(409, "credential_superseded", "a newer credential exists")]
+    )
     from agent.runtime import Session
 
     agent.session = Session("s", 1, 0, "online", 10.0, 30.0)
@@ -130,8 +149,14 @@ def test_a_failed_rotation_keeps_the_old_key_and_the_agent_running(tmp_path):
 
 
 def test_a_rotation_refused_for_the_credential_stops_the_agent(tmp_path):
-    heartbeat = {"version": 0, "state": "online", "cancelRequested": [], "rotationRequired": True,
-                 "nextHeartbeatAt": "2030-01-01T00:00:10Z", "serverTime": "2030-01-01T00:00:00Z"}
+    heartbeat = {
+        "version": 0,
+        "state": "online",
+        "cancelRequested": [],
+        "rotationRequired": True,
+        "nextHeartbeatAt": "2030-01-01T00:00:10Z",
+        "serverTime": "2030-01-01T00:00:00Z",
+    }
     agent = make_agent(tmp_path, [heartbeat, ApiError(401, "credential_expired", "grace over")])
     from agent.runtime import Session
 
