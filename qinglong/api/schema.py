@@ -103,8 +103,23 @@ class AutoSchema(SpectacularAutoSchema):
                 continue
             response = self._get_response_for_code(ErrorSerializer, status, direction=direction)
             response["description"] = meaning
+            if status in ERROR_HEADERS:
+                response["headers"] = ERROR_HEADERS[status]
             responses[status] = response
         return dict(sorted(responses.items()))
+
+
+#: Headers some error answers carry (documented, not required: a 503 lock timeout has none).
+_RETRY_AFTER = {
+    "Retry-After": {"schema": {"type": "integer", "minimum": 1}, "description": "seconds to wait"}
+}
+ERROR_HEADERS = {
+    "401": {
+        "WWW-Authenticate": {"schema": {"type": "string"}, "description": "the scheme to authenticate with"}
+    },
+    "429": _RETRY_AFTER,
+    "503": _RETRY_AFTER,
+}
 
 
 class WorkerSignatureScheme(OpenApiAuthenticationExtension):

@@ -95,15 +95,13 @@ def test_two_cluster_replicas_see_each_nonce_once_and_share_rate_limits(redis_ur
 @pytest.mark.redis
 @pytest.mark.django_db
 def test_a_replay_is_refused_over_http_with_the_redis_store(client, settings, redis_url):
-    settings.CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": redis_url,
-            "KEY_PREFIX": f"t{secrets.token_hex(4)}",
-        }
-    }
-    from django.core.cache import cache
+    import redis
 
+    prefix = f"qltest{secrets.token_hex(4)}"
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url,
+                    "KEY_PREFIX": prefix}
+    }
     try:
         worker = enrolled_worker()
         session = register(worker)
@@ -124,8 +122,10 @@ def test_a_replay_is_refused_over_http_with_the_redis_store(client, settings, re
         assert send().status_code == 200
         replay = send()
         assert (replay.status_code, replay.json()["code"]) == (401, "signature_replayed")
-    finally:
-        cache.clear()
+    finally:  # only this test's keys: never flush a Redis database others may use
+        server = redis.Redis.from_url(redis_url)
+        for key in server.scan_iter(match=f"{prefix}:*"):
+            server.delete(key)
 
 
 @pytest.mark.django_db(transaction=True)
