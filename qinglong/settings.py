@@ -10,6 +10,7 @@ on a per-process cache.
 from __future__ import annotations
 
 import secrets
+import time
 from pathlib import Path
 
 import environ
@@ -141,6 +142,9 @@ if CLUSTER or env.bool("QINGLONG_SHARED_CACHE", default=False):
 else:
     # standalone is one control-plane process: a per-process cache is the whole truth there.
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "qinglong"}}
+# When this process started (unix seconds). The standalone profile's nonce store lives in process
+# memory and knows nothing older; workers.auth refuses requests signed before it (retryable 503).
+QINGLONG_PROCESS_STARTED = int(time.time())
 RATELIMIT_USE_CACHE = "default"
 RATELIMIT_VIEW = None
 # Rate limits per client address (enrollment, failed worker authentication) key on REMOTE_ADDR.

@@ -61,8 +61,9 @@ _SESSION_OWNER_KEY = "worker-session-owner:{}"
 #: Session ownership never changes; a day keeps the hot set warm without growing for ever.
 SESSION_OWNER_CACHE_SECONDS = 24 * 3600
 
-#: Wall-clock second this process started. A per-process nonce store knows nothing older.
-PROCESS_STARTED = int(time.time())
+#: Wall-clock second this process started (read from settings, which load first thing). A
+#: per-process nonce store knows nothing older.
+PROCESS_STARTED = int(getattr(settings, "QINGLONG_PROCESS_STARTED", time.time()))
 
 
 @dataclass(frozen=True)
