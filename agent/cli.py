@@ -2,10 +2,12 @@
 
     qinglong-worker enroll --server URL --token TOKEN [--worker NAME] [--state-dir DIR]
     qinglong-worker run [--server URL] [--max-concurrent N] [--label KEY=VALUE …] [--drain-timeout S]
+    qinglong-worker rotate [--server URL]
 
 Exit status of ``run``: 0 clean shutdown (drained, offline); 1 start-up error; 2 usage;
 3 session fenced (a supervisor should start a fresh process); 4 credential refused (re-enroll;
-do not restart in a loop); 5 drain timeout or failed offline. ``QINGLONG_WORKER_ENABLED=0`` makes
+do not restart in a loop); 5 drain timeout or failed offline. ``rotate`` exits 0 when the new
+key is saved, 4 when the credential is refused, 1 otherwise. ``QINGLONG_WORKER_ENABLED=0`` makes
 ``run`` exit 0 at once without touching the network, a thread or a timer (ADR-0012 §5).
 """
 
@@ -24,6 +26,7 @@ from protocol.errors import ProtocolError
 from protocol.signing import public_key_text
 
 from . import __version__
+from .client import DEFAULT_TIMEOUT, MAX_TIMEOUT
 from .state import Credential, StateDir, StateError, default_state_dir
 
 
@@ -53,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--drain-timeout", type=float, default=60.0, help="seconds to wait for running attempts")
     run.add_argument("--work-dir", type=Path, default=None, help="where attempts run (default: state dir/work)")
     run.add_argument("--poll-max", type=float, default=5.0, help="longest wait between idle claims, seconds")
+    run.add_argument("--backoff-max", type=float, default=8.0,
+                     help="longest wait between retries while the control plane is unreachable, seconds")
+    run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                     help=f"seconds one request may take (at most {MAX_TIMEOUT:.0f})")
+
+    rotate = commands.add_parser("rotate", help="replace the worker key (signed by the current one)")
+    rotate.add_argument("--server", default=None, help="override the server stored at enrollment")
     return parser
 
 
@@ -81,6 +91,9 @@ def _run(args: argparse.Namespace, state: StateDir) -> int:
     if not 1 <= args.max_concurrent <= 256:
         print("--max-concurrent must be 1-256", file=sys.stderr)
         return 2
+    if not 0 < args.timeout <= MAX_TIMEOUT or not 0.5 <= args.backoff_max <= 300:
+        print(f"--timeout must be in (0, {MAX_TIMEOUT:.0f}] and --backoff-max in [0.5, 300]", file=sys.stderr)
+        return 2
     try:
         credential, key = state.load()
     except StateError as exc:
@@ -94,9 +107,34 @@ def _run(args: argparse.Namespace, state: StateDir) -> int:
         print(f"cannot start: capability {exc.field}: {exc.message}", file=sys.stderr)
         return 1
     settings = Settings(max_concurrent=args.max_concurrent, labels=dict(args.label), work_dir=work_dir,
-                        drain_timeout=args.drain_timeout, poll_max=max(1.0, args.poll_max))
-    agent = Agent(Client(server, key_id=credential.credentialId, key=key), credential, state, settings)
+                        drain_timeout=args.drain_timeout, poll_max=max(1.0, args.poll_max),
+                        backoff_max=args.backoff_max)
+    client = Client(server, key_id=credential.credentialId, key=key, timeout=args.timeout)
+    agent = Agent(client, credential, state, settings)
     return agent.run(capabilities)
+
+
+def _rotate(args: argparse.Namespace, state: StateDir) -> int:
+    from .client import ApiError, Client, TransportError
+    from .runtime import Agent, Settings, Stop
+
+    try:
+        credential, key = state.load()
+    except StateError as exc:
+        print(f"cannot rotate: {exc}", file=sys.stderr)
+        return 1
+    agent = Agent(Client(args.server or credential.server, key_id=credential.credentialId, key=key), credential,
+                  state, Settings())
+    try:
+        new_id = agent.rotate_key()
+    except Stop as stop:
+        print(stop.reason, file=sys.stderr)
+        return stop.exit_code
+    except (ApiError, TransportError) as exc:
+        print(f"rotation failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"rotated: new credential {new_id}; key kept in {state.path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     state = StateDir(args.state_dir or default_state_dir())
     if args.command == "enroll":
         return _enroll(args, state)
+    if args.command == "rotate":
+        return _rotate(args, state)
     if os.environ.get("QINGLONG_WORKER_ENABLED", "1") == "0":
         print("worker disabled (QINGLONG_WORKER_ENABLED=0): nothing started", file=sys.stderr)
         return 0

@@ -21,8 +21,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from protocol.signing import sign_request
 from protocol.strictjson import dumps
 
-#: Seconds before one request gives up (SIBLINGS §8: 15 s default).
+#: Seconds before one request gives up (SIBLINGS §8: 15 s default, 60 s hard limit).
 DEFAULT_TIMEOUT = 15.0
+MAX_TIMEOUT = 60.0
 #: Largest response body the agent reads (SIBLINGS §5: offers ≤128 KiB).
 MAX_RESPONSE_BYTES = 256 * 1024
 

@@ -7,13 +7,18 @@ completion). Nothing else runs: no timer exists before ``Agent.run`` is called.
 
 Failure rules:
 
-* a network cut or a 503 is retried with full-jitter exponential backoff (tenacity) without a
-  new session; a renewal stops retrying when the lease would have lapsed, and the runner then
-  kills its process and abandons the attempt — a process whose lease lapsed must not report;
+* a network cut, a control-plane restart, a 503 or a 429 is retried with full-jitter exponential
+  backoff (tenacity; never sooner than a ``Retry-After``) without a new session; a renewal stops
+  retrying before the lease would have lapsed, and the runner then kills its process and
+  abandons the attempt — a process whose lease lapsed must not report;
 * a fenced session (superseded, expired, offline …) stops everything at once, kills running
   processes and exits ``EXIT_FENCED`` (3) so the supervisor starts a fresh process and session;
-* a refused credential (revoked, re-enrolled, expired) exits ``EXIT_CREDENTIAL_REFUSED`` (4) and
-  the supervisor must not restart it in a loop;
+* a refused credential (revoked, re-enrolled, expired) exits ``EXIT_CREDENTIAL_REFUSED`` (4) at
+  once, with a message saying the machine must be re-enrolled; it is never retried, and the
+  supervisor must not restart it in a loop (systemd ``RestartPreventExitStatus=4``);
+* an operator-forced key rotation (``rotationRequired`` in a heartbeat answer) is carried out
+  by the heartbeat thread: a new key is generated, sent signed by the current key, and saved
+  before the old one is forgotten (``rotate_key``);
 * SIGTERM/SIGINT: drain (capacity 0), keep heartbeating, wait for running attempts up to
   ``drain_timeout``, then go offline. A drain timeout or a failed offline exits
   ``EXIT_SHUTDOWN_FAILED`` (5) with a message; the node is never reported as safely stopped.
@@ -32,8 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from tenacity import Retrying, retry_if_exception, stop_after_delay, stop_any, stop_when_event_set
-from tenacity import wait_random_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_any,
+    stop_before_delay,
+    stop_when_event_set,
+    wait_random_exponential,
+)
 
 from protocol import wire
 from protocol.ids import uuid7
@@ -68,16 +80,38 @@ class Stop(Exception):
         super().__init__(reason)
 
 
+#: Longest honoured Retry-After, seconds (a misconfigured server must not park the agent).
+MAX_RETRY_AFTER = 60.0
+
+
 def _transient(exc: BaseException) -> bool:
     return isinstance(exc, TransportError) or (isinstance(exc, ApiError) and exc.status in (429, 503))
+
+
+def backoff(max_seconds: float):
+    """Full-jitter exponential backoff (0.5 s doubling, capped at ``max_seconds``) that never
+    retries sooner than the server's ``Retry-After`` (capped at ``MAX_RETRY_AFTER``)."""
+    jitter = wait_random_exponential(multiplier=0.5, max=max_seconds)
+
+    def wait(retry_state: RetryCallState) -> float:
+        delay = jitter(retry_state)
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(exc, ApiError) and exc.retry_after:
+            delay = max(delay, min(exc.retry_after, MAX_RETRY_AFTER))
+        return delay
+
+    return wait
 
 
 def classify(exc: ApiError) -> Stop | None:
     """The Stop an API error implies for the whole agent, or None if it is local to one call."""
     if exc.code in FENCED:
-        return Stop(wire.EXIT_FENCED, f"session fenced: {exc.code} ({exc.message})")
+        return Stop(wire.EXIT_FENCED, f"session fenced ({exc.code}: {exc.message}); exiting with status "
+                    f"{wire.EXIT_FENCED} so that the supervisor starts a fresh process, which registers a new session")
     if exc.code in REFUSED:
-        return Stop(wire.EXIT_CREDENTIAL_REFUSED, f"credential refused: {exc.code} ({exc.message})")
+        return Stop(wire.EXIT_CREDENTIAL_REFUSED, f"credential refused by the control plane ({exc.code}: "
+                    f"{exc.message}); this machine must be re-enrolled with a new token (qinglong-worker enroll); "
+                    f"exiting with status {wire.EXIT_CREDENTIAL_REFUSED}: do not restart it in a loop")
     return None
 
 
@@ -108,6 +142,8 @@ class Settings:
     drain_timeout: float = 60.0
     poll_min: float = 1.0
     poll_max: float = 5.0
+    #: Longest wait between two retries of a call the control plane did not answer, seconds.
+    backoff_max: float = 8.0
 
 
 class Agent:
@@ -132,21 +168,23 @@ class Agent:
              stop: threading.Event | None = None) -> dict[str, Any]:
         """POST with retries on transient failures for up to ``patience`` seconds (None: forever).
 
+        A retry that would start after ``patience`` is not made (``stop_before_delay``), so a
+        renewal never outlives its lease. Every attempt is signed afresh (new nonce, new time).
         Raises Stop for fencing/credential errors, ApiError for other refusals, TransportError
         when patience ran out.
         """
         stops = [stop_when_event_set(stop or threading.Event())]
         if patience is not None:
-            stops.append(stop_after_delay(patience))
+            stops.append(stop_before_delay(patience))
         retrying = Retrying(
             retry=retry_if_exception(_transient),
-            wait=wait_random_exponential(multiplier=0.5, max=8),
+            wait=backoff(self.settings.backoff_max),
             stop=stop_any(*stops),
             reraise=True,
             before_sleep=lambda rs: log.warning("retrying %s: %s", path, rs.outcome.exception()),
         )
         try:
-            return retrying(self.client.post, path, body)
+            return retrying(lambda: self.client.post(path, body))
         except ApiError as exc:
             verdict = classify(exc)
             if verdict is not None:
@@ -207,38 +245,52 @@ class Agent:
         delay = self.session.heartbeat_interval
         while not self._stop_heartbeat.wait(delay):
             try:
-                answer = self._heartbeat_once()
+                delay = self._heartbeat_step()
             except Stop as stop:
                 self.fail(stop)
                 return
             except TransportError:
                 return  # only when stopping: call() retries forever otherwise
-            except ApiError as exc:
-                log.error("heartbeat refused: %s", exc)
-                delay = self.session.heartbeat_interval
-                continue
-            self._apply(answer)
-            delay = max(0.5, _seconds_between(answer["nextHeartbeatAt"], answer["serverTime"]))
-            for attempt_id in answer["cancelRequested"]:
-                runner = self._runners.get(attempt_id)
-                if runner is not None:
-                    runner.cancel()
-            if answer["rotationRequired"]:
-                self.rotate_key()
 
-    def rotate_key(self) -> None:
-        """Install a new key: signed by the current one; saved before the old one is forgotten."""
-        new_key = Ed25519PrivateKey.generate()
+    def _heartbeat_step(self) -> float:
+        """One heartbeat and what its answer asks for; returns the delay until the next one."""
         try:
-            answer = self.call(wire.ROTATE_KEY, {"publicKey": public_key_text(new_key.public_key())}, patience=30)
-        except (ApiError, TransportError) as exc:
-            log.error("key rotation failed: %s", exc)
-            return
+            answer = self._heartbeat_once()
+        except ApiError as exc:
+            log.error("heartbeat refused: %s", exc)
+            return self.session.heartbeat_interval
+        self._apply(answer)
+        for attempt_id in answer["cancelRequested"]:
+            runner = self._runners.get(attempt_id)
+            if runner is not None:
+                runner.cancel()
+        if answer["rotationRequired"]:
+            log.info("the operator requires a key rotation")
+            try:
+                self.rotate_key()
+            except (ApiError, TransportError) as exc:
+                log.error("key rotation failed (the old key works until its grace period ends): %s", exc)
+        return max(0.5, _seconds_between(answer["nextHeartbeatAt"], answer["serverTime"]))
+
+    def rotate_key(self) -> str:
+        """Rotate the worker key (ADR-0012 §2): a new Ed25519 key, sent signed by the current one.
+
+        The rotation is retried with the *same* new key while the control plane does not answer
+        (the server answers a repeated rotation as an exact replay), then the new key and
+        credential are saved before the client switches to them and the old key file is
+        removed. Returns the new credential id. Raises Stop when the credential is refused,
+        ApiError for other refusals (``credential_superseded``), TransportError when the
+        control plane stayed unreachable for 30 s.
+        """
+        new_key = Ed25519PrivateKey.generate()
+        answer = self.call(wire.ROTATE_KEY, {"publicKey": public_key_text(new_key.public_key())}, patience=30)
         self.credential = Credential(self.credential.server, self.credential.workerId, self.credential.workerName,
                                      answer["credentialId"])
         self.state.save(self.credential, new_key)
         self.client = self.client.with_key(answer["credentialId"], new_key)
-        log.info("rotated the worker key; new credential %s", answer["credentialId"])
+        log.info("rotated the worker key; new credential %s (the old key works until %s)", answer["credentialId"],
+                 answer["previousCredentialValidUntil"])
+        return answer["credentialId"]
 
     # --- claims ----------------------------------------------------------------------------
 
@@ -301,7 +353,7 @@ class Agent:
         try:
             self.session = self.register(capabilities)
         except Stop as stop:
-            log.error("%s", stop.reason)
+            log.error("registration refused: %s", stop.reason)
             return stop.exit_code
         except (ApiError, TransportError) as exc:
             log.error("registration failed: %s", exc)
@@ -320,7 +372,7 @@ class Agent:
         self._stop_heartbeat.set()
         for runner in list(self._runners.values()):
             runner.abandon()
-        log.error("%s; stopping (exit %s)", stop.reason, stop.exit_code)
+        log.error("stopping: %s", stop.reason)
         return stop.exit_code
 
     def _graceful_shutdown(self) -> int:

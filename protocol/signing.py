@@ -84,22 +84,35 @@ class _Verifier(HTTPMessageVerifier):
 
 
 def public_key_text(key: Ed25519PublicKey) -> str:
-    """Raw 32-byte Ed25519 public key as unpadded base64url (what enrollment sends)."""
+    """Raw 32-byte Ed25519 public key as unpadded base64url, 43 characters (what enrollment sends)."""
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
+_PUBLIC_KEY_TEXT = re.compile(r"[A-Za-z0-9_-]{43}=?\Z")
+
+
 def load_public_key(text: str) -> Ed25519PublicKey:
-    """Inverse of :func:`public_key_text`; raises ProtocolError(validation_failed) on bad input."""
+    """Inverse of :func:`public_key_text` (one trailing ``=`` tolerated).
+
+    Strict: exactly the canonical encoding of 32 bytes, so one key has one spelling and a
+    "key already used" check cannot be dodged by respelling it (Python's base64 decoder would
+    otherwise skip stray characters). Raises ProtocolError ``validation_failed`` naming
+    ``publicKey``.
+    """
+    if not isinstance(text, str) or not _PUBLIC_KEY_TEXT.match(text):
+        raise ProtocolError("validation_failed", "must be a raw Ed25519 public key, 43 characters of base64url",
+                            "publicKey")
     try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        if len(raw) != 32:
-            raise ValueError("length")
-        return Ed25519PublicKey.from_public_bytes(raw)
+        raw = base64.urlsafe_b64decode(text.rstrip("=") + "=")
+        key = Ed25519PublicKey.from_public_bytes(raw)
     except (ValueError, TypeError):
-        raise ProtocolError("validation_failed", "must be a base64url raw Ed25519 public key", "publicKey") from None
+        raise ProtocolError("validation_failed", "must be a raw Ed25519 public key", "publicKey") from None
+    if public_key_text(key) != text.rstrip("="):
+        raise ProtocolError("validation_failed", "not the canonical base64url of the key", "publicKey")
+    return key
 
 
 def new_nonce() -> str:

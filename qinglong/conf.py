@@ -29,6 +29,7 @@ class ProtocolSettings:
     dispatch_hold_seconds: float
     rate_worker: str
     rate_enroll: str
+    rate_auth_failures: str
     sweep_batch: int
 
 

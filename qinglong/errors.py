@@ -24,6 +24,7 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "json_too_deep": ErrorSpec(400, "The body nests objects/arrays deeper than the endpoint allows."),
     "json_number_out_of_range": ErrorSpec(400, "NaN, Infinity, or a number beyond the IEEE double range."),
     "json_invalid_string": ErrorSpec(400, "A string holds a lone surrogate or a control character."),
+    "content_length_invalid": ErrorSpec(400, "The Content-Length header is not a non-negative integer."),
     "body_too_large": ErrorSpec(413, "The body exceeds the endpoint's size limit (checked before parsing)."),
     "unsupported_media_type": ErrorSpec(415, "The body is not application/json."),
     "method_not_allowed": ErrorSpec(405, "The endpoint does not accept this HTTP method."),
@@ -42,6 +43,11 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "credential_unknown": ErrorSpec(401, "The signature's keyid names no credential."),
     "credential_revoked": ErrorSpec(401, "The credential was revoked (worker revoked, re-enrolled or rotated)."),
     "credential_expired": ErrorSpec(401, "The credential's rotation grace period is over."),
+    "credential_superseded": ErrorSpec(409, "Only the worker's newest credential may rotate; this key was rotated."),
+    "worker_not_enrolled": ErrorSpec(409, "The worker has no active credential to rotate (never enrolled or revoked)."),
+    "signature_predates_restart": ErrorSpec(
+        503, "Signed before this control-plane process started; its nonce store cannot vouch for it. Sign again."
+    ),
     "principal_mismatch": ErrorSpec(403, "A body/path worker id differs from the authenticated worker."),
     "worker_credential_forbidden": ErrorSpec(403, "Worker credentials cannot reach operator endpoints."),
     "not_authenticated": ErrorSpec(401, "Operator endpoints need staff session or token authentication."),

@@ -10,6 +10,7 @@ on a per-process cache.
 from __future__ import annotations
 
 import secrets
+import time
 from pathlib import Path
 
 import environ
@@ -141,8 +142,15 @@ if CLUSTER or env.bool("QINGLONG_SHARED_CACHE", default=False):
 else:
     # standalone is one control-plane process: a per-process cache is the whole truth there.
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "qinglong"}}
+# When this process started (unix seconds). The standalone profile's nonce store lives in process
+# memory and knows nothing older; workers.auth refuses requests signed before it (retryable 503).
+QINGLONG_PROCESS_STARTED = int(time.time())
 RATELIMIT_USE_CACHE = "default"
 RATELIMIT_VIEW = None
+# Rate limits per client address (enrollment, failed worker authentication) key on REMOTE_ADDR.
+# Behind a reverse proxy, name the META key holding the single client address it sets (for
+# example HTTP_X_REAL_IP); never a header a client can forge past the proxy.
+RATELIMIT_IP_META_KEY = env.str("QINGLONG_CLIENT_ADDRESS_META_KEY", default="") or None
 SILENCED_SYSTEM_CHECKS = [
     # django-ratelimit only knows django_redis; Django's own RedisCache increments atomically,
     # and the locmem cache is shared by everything in the single standalone process.
@@ -190,12 +198,17 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "qinglong.api.exceptions.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "qinglong.api.schema.AutoSchema",
     "DEFAULT_THROTTLE_CLASSES": [],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "QingLong remote worker control plane",
-    "DESCRIPTION": "Worker API (RFC 9421 signed, see docs/protocol.md) and operator API (staff token).",
+    "DESCRIPTION": (
+        "Worker API under /api/v1/worker/ (every request RFC 9421-signed with the worker's Ed25519 key; "
+        "see docs/transport.md) and operator API under /api/v1/ops/ (staff token or session). Every "
+        'refusal answers {"code", "message", "field"} with a stable code (`manage.py error_codes` '
+        "prints them all)."
+    ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
@@ -227,6 +240,8 @@ QINGLONG = {
     "DISPATCH_HOLD_SECONDS": env.float("QINGLONG_DISPATCH_HOLD_SECONDS", default=10.0),
     "RATE_WORKER": env.str("QINGLONG_RATE_WORKER", default="600/m"),
     "RATE_ENROLL": env.str("QINGLONG_RATE_ENROLL", default="10/m"),
+    # Failed worker authentications per client address (forged, stale, replayed, unknown key).
+    "RATE_AUTH_FAILURES": env.str("QINGLONG_RATE_AUTH_FAILURES", default="120/m"),
     "SWEEP_BATCH": env.int("QINGLONG_SWEEP_BATCH", default=64),
 }
 

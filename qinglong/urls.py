@@ -1,5 +1,6 @@
 """URL map. Worker API: /api/v1/worker/ (signed). Operator API: /api/v1/ops/ (staff token).
-OpenAPI 3 schema: /api/v1/schema (YAML by default, ``?format=json`` for JSON)."""
+OpenAPI 3 schema: /api/v1/schema (YAML by default, ``?format=json`` for JSON; committed as
+docs/openapi.yaml). Unknown /api/ paths answer the JSON error body (404 ``not_found``)."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -13,3 +14,5 @@ urlpatterns = [
     path("api/v1/ops/", include("placement.api.urls")),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
 ]
+
+handler404 = "qinglong.api.exceptions.not_found"

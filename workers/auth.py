@@ -3,32 +3,67 @@
 ``WorkerSignatureAuthentication`` is the only way into the worker API. It verifies the request
 against the signing profile (``protocol.signing``), using the *server's* clock for the
 ``created`` window, resolves the ``keyid`` to a credential (active, or rotated and inside its
-grace period), and accepts each nonce once: nonces live in the shared cache for twice the window
-(Redis in the cluster profile, so every replica sees them; the single standalone process uses its
-own memory). Credentials are cached for ``CREDENTIAL_CACHE_SECONDS``; every write path that
-changes a credential evicts it on commit, so a revocation is refused on the very next request.
+grace period), and accepts each nonce once (:func:`nonce_accept`).
 
-With a warm cache, authenticating a request runs no database query, which is what lets the
-worker API refuse a body/principal mismatch before *any* repository access (ADR-0012 §1).
+Three small stores back it, all in the Django cache:
+
+* **nonces** — ``cache.add()`` is atomic, so of two requests carrying one nonce exactly one wins.
+  The cluster profile's cache is Redis, shared by every replica; the standalone profile's is the
+  memory of its single process. A per-process store forgets everything on restart, so in that
+  profile a request signed before this process started is refused with
+  ``signature_predates_restart`` (503: the agent signs again) instead of trusting a store that
+  never saw its nonce.
+* **credentials** — cached for ``CREDENTIAL_CACHE_SECONDS``; every write path that changes a
+  credential evicts it on commit (:func:`forget_credentials`). In the standalone profile the
+  operator's ``manage.py`` commands run in another process than ``manage.py serve``, so an
+  eviction also rewrites a small *credential epoch* file next to the database; the key of every
+  cached credential carries the epoch, so a revocation from the command line is refused on the
+  server's very next request.
+* **session owners** — which worker a session id belongs to (immutable once registered), so the
+  worker API can refuse another worker's session id before any repository access
+  (:func:`session_owner`).
+
+With warm caches, authenticating a request and binding it to its principal runs no database
+query, which is what lets the worker API refuse a body/principal mismatch before *any*
+repository access (ADR-0012 §1; PRODUCT invariant 1).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import secrets
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
-from django.core.cache import cache
+from django.conf import settings
+from django.core.cache import cache, caches
+from django.core.cache.backends.locmem import LocMemCache
+from django.db import connection
 from rest_framework.authentication import BaseAuthentication
 
 from protocol.errors import ProtocolError
 from protocol.signing import SignedRequest, load_public_key, verify_request
+from qinglong.api.ratelimit import by_address, client_address, enforce
 from qinglong.conf import protocol
+from qinglong.errors import DomainError
 
-from .models import CredentialState, WorkerCredential, WorkerState
+from .models import CredentialState, WorkerCredential, WorkerSession, WorkerState
 
-_CREDENTIAL_KEY = "worker-credential:{}"
+log = logging.getLogger("qinglong.auth")
+
+_CREDENTIAL_KEY = "worker-credential:{}:{}"
 _NONCE_KEY = "worker-nonce:{}:{}"
+_SESSION_OWNER_KEY = "worker-session-owner:{}"
+#: Session ownership never changes; a day keeps the hot set warm without growing for ever.
+SESSION_OWNER_CACHE_SECONDS = 24 * 3600
+
+#: Wall-clock second this process started (read from settings, which load first thing). A
+#: per-process nonce store knows nothing older.
+PROCESS_STARTED = int(getattr(settings, "QINGLONG_PROCESS_STARTED", time.time()))
 
 
 @dataclass(frozen=True)
@@ -57,8 +92,50 @@ class _Credential:
     worker_state: str
 
 
+def cache_is_shared() -> bool:
+    """True when the default cache is shared between processes (Redis: the cluster profile, or
+    ``QINGLONG_SHARED_CACHE``), False for the standalone profile's per-process locmem cache."""
+    return not isinstance(caches["default"], LocMemCache)
+
+
+# --- credential epoch (standalone: several processes, per-process caches) ------------------------
+
+
+def _epoch_path() -> Path:
+    """One epoch file per database, so parallel test databases never disturb each other."""
+    name = str(connection.settings_dict.get("NAME") or "")
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:16]
+    return Path(settings.VAR_DIR) / f"credential-epoch-{digest}"
+
+
+def _credential_epoch() -> str:
+    """The current epoch ("" with a shared cache, where eviction reaches every replica directly)."""
+    if cache_is_shared():
+        return ""
+    try:
+        return _epoch_path().read_text(encoding="ascii")[:64]
+    except OSError:
+        return "0"
+
+
+def _bump_credential_epoch() -> None:
+    path = _epoch_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        tmp.write_text(secrets.token_hex(8), encoding="ascii")
+        os.replace(tmp, path)
+    except OSError as exc:  # the change is committed; only other processes learn of it late
+        log.error("could not write the credential epoch %s (%s): other processes of this installation keep "
+                  "cached credentials for up to CREDENTIAL_CACHE_SECONDS", path, exc)
+
+
+def _credential_key(key_id: str) -> str:
+    return _CREDENTIAL_KEY.format(_credential_epoch(), key_id)
+
+
 def _load_credential(key_id: str) -> _Credential | None:
-    key = _CREDENTIAL_KEY.format(key_id)
+    key = _credential_key(key_id)
     cached = cache.get(key)
     if cached is not None:
         return cached or None  # "" caches an unknown key id
@@ -80,12 +157,21 @@ def _load_credential(key_id: str) -> _Credential | None:
 
 
 def forget_credentials(credential_ids: list[str]) -> None:
-    """Evict credentials from the cache (called on commit of every credential change)."""
-    cache.delete_many([_CREDENTIAL_KEY.format(key_id) for key_id in credential_ids])
+    """Evict credentials from every process's cache; call it on commit of a credential change.
+
+    ``credential_ids``: the changed credentials' ids (RFC 9421 keyids). With a shared cache the
+    keys are deleted for all replicas; with per-process caches the epoch file is rewritten too,
+    so other processes of the installation (``manage.py serve`` when a command revoked) stop
+    trusting what they cached (ADR-0012 §1: a revoked credential fails on the next request).
+    Never raises: an unwritable state directory is logged, and other processes then notice
+    within ``CREDENTIAL_CACHE_SECONDS``.
+    """
+    cache.delete_many([_credential_key(key_id) for key_id in credential_ids])
+    if not cache_is_shared():
+        _bump_credential_epoch()
 
 
-def principal_for(key_id: str, *, now: float) -> WorkerPrincipal:
-    """Resolve a key id to its principal, or raise ProtocolError with the credential code."""
+def _resolve(key_id: str, *, now: float) -> tuple[WorkerPrincipal, str]:
     credential = _load_credential(key_id)
     if credential is None:
         raise ProtocolError("credential_unknown", "no credential has this keyid")
@@ -93,9 +179,83 @@ def principal_for(key_id: str, *, now: float) -> WorkerPrincipal:
         raise ProtocolError("credential_revoked", "the credential was revoked")
     if credential.state == CredentialState.ROTATED and (credential.not_after or 0) <= now:
         raise ProtocolError("credential_expired", "the rotated credential's grace period is over")
-    return WorkerPrincipal(
+    principal = WorkerPrincipal(
         worker_id=uuid.UUID(credential.worker_id), worker_name=credential.worker_name, credential_id=key_id
     )
+    return principal, credential.public_key
+
+
+def principal_for(key_id: str, *, now: float) -> WorkerPrincipal:
+    """Resolve a key id to its principal, or raise ProtocolError with the credential code.
+
+    ``now``: the server's clock, unix seconds. Raises ``credential_unknown``,
+    ``credential_revoked`` (credential or worker revoked) or ``credential_expired`` (a rotated
+    key past its grace period, ``ROTATION_GRACE_SECONDS``).
+    """
+    return _resolve(key_id, now=now)[0]
+
+
+# --- nonces ------------------------------------------------------------------------------------------
+
+
+def nonce_accept(*, key_id: str, nonce: str, created: int, window_seconds: int) -> None:
+    """Accept one (keyid, nonce) pair once within the signature window (ADR-0012 §1 replay limits).
+
+    ``created``: the signature's creation time (unix seconds, already checked against the
+    window); ``window_seconds``: ``SIGNATURE_WINDOW_SECONDS``. The nonce is kept for twice the
+    window, longer than any signature carrying it can be fresh. ``cache.add`` is atomic (Redis
+    ``SET NX`` in the cluster profile, a locked dict in the standalone process), so two replicas
+    or threads racing with one nonce see exactly one success.
+
+    Raises ProtocolError ``signature_replayed``; DomainError ``signature_predates_restart`` when
+    the store is per-process and the request was signed before this process started.
+    """
+    if not cache_is_shared() and created < PROCESS_STARTED:
+        raise DomainError(
+            "signature_predates_restart",
+            "the request was signed before the control plane restarted; sign it again",
+            retry_after=1,
+        )
+    if not cache.add(_NONCE_KEY.format(key_id, nonce), 1, timeout=2 * window_seconds):
+        raise ProtocolError("signature_replayed", "this signature nonce was already used")
+
+
+# --- session ownership ---------------------------------------------------------------------------------
+
+
+def remember_session_owner(session_id: uuid.UUID | str, worker_id: uuid.UUID | str) -> None:
+    """Cache that ``session_id`` belongs to ``worker_id``; call it once the registration committed.
+
+    Kept ``SESSION_OWNER_CACHE_SECONDS`` (a session never changes owner), so principal binding
+    (ADR-0012 §1) can refuse another worker's session id without a query. Raises nothing.
+    """
+    cache.set(_SESSION_OWNER_KEY.format(session_id), str(worker_id), timeout=SESSION_OWNER_CACHE_SECONDS)
+
+
+def session_owner(session_id: object) -> str | None:
+    """The worker id (text) a session id belongs to, or None if it names no session (ADR-0012 §1).
+
+    ``session_id``: anything a body or path carried; a value that is not a UUID string returns
+    None (the serializer then refuses it by field). A cache hit runs no query; a miss runs one
+    primary-key lookup and caches the answer, since a session never changes owner. Raises
+    nothing but database errors.
+    """
+    try:
+        parsed = uuid.UUID(str(session_id))
+    except (TypeError, ValueError, AttributeError):
+        return None
+    key = _SESSION_OWNER_KEY.format(parsed)
+    owner = cache.get(key)
+    if owner is not None:
+        return owner
+    found = WorkerSession.objects.filter(pk=parsed).values_list("worker_id", flat=True).first()
+    if found is None:
+        return None
+    remember_session_owner(parsed, found)
+    return str(found)
+
+
+# --- the DRF authentication class ------------------------------------------------------------------
 
 
 class WorkerSignatureAuthentication(BaseAuthentication):
@@ -104,19 +264,33 @@ class WorkerSignatureAuthentication(BaseAuthentication):
     Raises ProtocolError (mapped to 401 by the API exception handler) with ``signature_missing``,
     ``signature_malformed``, ``signature_stale``, ``credential_unknown``, ``credential_revoked``,
     ``credential_expired``, ``content_digest_mismatch``, ``signature_path_mismatch``,
-    ``signature_invalid`` or ``signature_replayed``.
+    ``signature_invalid`` or ``signature_replayed``; DomainError ``signature_predates_restart``
+    (503) and ``rate_limited`` (429) once a client address has failed authentication more than
+    ``RATE_AUTH_FAILURES`` times (counted per address, so a forger cannot lock a worker out).
     """
 
     def authenticate(self, request) -> tuple[WorkerPrincipal, SignedRequest]:
         raw = request._request
+        limit = {"group": "worker-auth-failures", "key": by_address, "rate": protocol().rate_auth_failures,
+                 "message": "too many failed worker authentications from this address"}
+        enforce(raw, increment=False, **limit)
+        try:
+            return self._authenticate(raw)
+        except (ProtocolError, DomainError) as exc:
+            log.warning("worker request refused: %s (%s %s from %s)", exc.code, raw.method, raw.path,
+                        client_address(raw))
+            if exc.code != "signature_predates_restart":
+                enforce(raw, **limit)  # counts this failure; the next over the limit gets 429
+            raise
+
+    def _authenticate(self, raw) -> tuple[WorkerPrincipal, SignedRequest]:
         now = time.time()
         window = protocol().signature_window_seconds
         resolved: dict[str, WorkerPrincipal] = {}
 
         def resolve_key(key_id: str):
-            principal = principal_for(key_id, now=now)
-            resolved["principal"] = principal
-            return load_public_key(_load_credential(key_id).public_key)
+            resolved["principal"], public_key = _resolve(key_id, now=now)
+            return load_public_key(public_key)
 
         signed = verify_request(
             method=raw.method,
@@ -128,9 +302,8 @@ class WorkerSignatureAuthentication(BaseAuthentication):
             resolve_key=resolve_key,
         )
         # Remember the nonce only after the signature verified, so forged requests cannot burn
-        # a worker's nonces. add() is atomic: of two replicas seeing the same nonce, one wins.
-        if not cache.add(_NONCE_KEY.format(signed.key_id, signed.nonce), 1, timeout=2 * window):
-            raise ProtocolError("signature_replayed", "this signature nonce was already used")
+        # a worker's nonces.
+        nonce_accept(key_id=signed.key_id, nonce=signed.nonce, created=signed.created, window_seconds=window)
         return resolved["principal"], signed
 
     def authenticate_header(self, request) -> str:

@@ -1,24 +1,31 @@
 """Base classes for the two APIs: strict serializers, the worker view, the operator view.
 
 Worker views (``WorkerAPIView``) authenticate only by RFC 9421 signature, are rate limited per
-principal, and refuse a body ``workerId`` that differs from the principal *before any repository
-access* — the check runs in ``initial()``, right after authentication and before the handler.
+principal, and refuse a body or path worker id or session id that belongs to another worker
+*before any repository access* (ADR-0012 §1) — the check runs in ``initial()``, right after
+authentication and before the handler, on cached facts only when the caches are warm.
 Operator views (``OperatorAPIView``) take staff token or session authentication and refuse any
 request carrying a worker signature, so a worker credential can never reach them.
 """
 
 from __future__ import annotations
 
-from django_ratelimit.core import get_usage
+import uuid
+
 from rest_framework import serializers
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, TokenAuthentication
 from rest_framework.permissions import BasePermission, IsAdminUser
 from rest_framework.views import APIView
 
 from protocol.wire import DEFAULT_BODY_LIMIT
+from qinglong.api.ratelimit import enforce
 from qinglong.conf import protocol
 from qinglong.errors import DomainError
-from workers.auth import WorkerPrincipal, WorkerSignatureAuthentication
+from workers.auth import WorkerPrincipal, WorkerSignatureAuthentication, session_owner
+
+#: Where a request may name a worker or a session: body keys and URL keyword arguments.
+WORKER_FIELDS = (("body", "workerId"), ("path", "worker_id"))
+SESSION_FIELDS = (("body", "sessionId"), ("path", "session_id"))
 
 
 class StrictSerializer(serializers.Serializer):
@@ -50,6 +57,15 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID that must be a JSON string (DRF would turn the number 7 into UUID(int=7))."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
 class StrictBooleanField(serializers.BooleanField):
     def to_internal_value(self, data):
         if not isinstance(data, bool):
@@ -64,8 +80,48 @@ class IsWorker(BasePermission):
         return isinstance(request.user, WorkerPrincipal)
 
 
+def _as_uuid(value: object) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except (TypeError, ValueError, AttributeError):
+        return None  # not an id at all: the serializer refuses it, naming the field
+
+
+def _claims(request, kwargs: dict, fields: tuple[tuple[str, str], ...]):
+    data = request.data if isinstance(request.data, dict) else {}
+    for where, name in fields:
+        value = data.get(name) if where == "body" else kwargs.get(name)
+        if value is not None:
+            yield name, value
+
+
+def check_principal_binding(principal: WorkerPrincipal, request, kwargs: dict) -> None:
+    """Refuse a request naming another worker's id or session (ADR-0012 §1, PRODUCT invariant 1).
+
+    ``request``: the DRF request (its body is parsed here); ``kwargs``: the URL's keyword
+    arguments. A ``workerId``/``worker_id`` that is a UUID other than the principal's, or a
+    ``sessionId``/``session_id`` registered by another worker, raises DomainError
+    ``principal_mismatch`` (403) naming the field. Runs before the handler touches any
+    repository; with warm caches it runs no query at all (``workers.auth.session_owner``).
+    Values that are not UUIDs pass through to the serializer, which refuses them by field.
+    """
+    for name, value in _claims(request, kwargs, WORKER_FIELDS):
+        claimed = _as_uuid(value)
+        if claimed is not None and claimed != principal.worker_id:
+            raise DomainError("principal_mismatch", f"{name} is not the authenticated worker", field=name)
+    for name, value in _claims(request, kwargs, SESSION_FIELDS):
+        owner = session_owner(value)
+        if owner is not None and owner != str(principal.worker_id):
+            raise DomainError("principal_mismatch", f"{name} belongs to another worker", field=name)
+
+
 class WorkerAPIView(APIView):
-    """Base for worker endpoints (ADR-0012 §1): signed, rate limited, principal-bound."""
+    """Base for worker endpoints (ADR-0012 §1): signed, rate limited, principal-bound.
+
+    Order of a request: URL → body size (``BodyLimitMiddleware``, 413) → signature, clock
+    window, credential, digest, nonce (401) → per-principal rate limit (429) → strict JSON
+    parse (400) → principal binding (403) → the handler and its repository access.
+    """
 
     authentication_classes = [WorkerSignatureAuthentication]
     permission_classes = [IsWorker]
@@ -76,21 +132,9 @@ class WorkerAPIView(APIView):
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         principal: WorkerPrincipal = request.user
-        usage = get_usage(
-            request,
-            group="worker-api",
-            key=lambda group, req: str(principal.worker_id),
-            rate=protocol().rate_worker,
-            increment=True,
-        )
-        if usage and usage["should_limit"]:
-            raise DomainError(
-                "rate_limited", "too many requests from this worker", retry_after=max(1, usage["time_left"])
-            )
-        data = request.data
-        claimed = data.get("workerId") if isinstance(data, dict) else None
-        if claimed is not None and str(claimed) != str(principal.worker_id):
-            raise DomainError("principal_mismatch", "workerId is not the authenticated worker", field="workerId")
+        enforce(request, group="worker-api", key=lambda group, req: str(principal.worker_id),
+                rate=protocol().rate_worker, message="too many requests from this worker")
+        check_principal_binding(principal, request, kwargs)
 
     @property
     def principal(self) -> WorkerPrincipal:
@@ -98,18 +142,26 @@ class WorkerAPIView(APIView):
 
 
 class RefuseWorkerSignature(BaseAuthentication):
-    """Operator endpoints: a request signed as a worker is refused outright (403)."""
+    """Operator endpoints: a request signed as a worker is refused outright (403).
+
+    It is the first authenticator of every operator view, so a worker signature is refused even
+    next to a valid staff token: a worker credential never reaches an operator endpoint.
+    """
 
     def authenticate(self, request):
-        if "Signature-Input" in request._request.headers or "Signature" in request._request.headers:
+        headers = request._request.headers
+        if "Signature-Input" in headers or "Signature" in headers:
             raise DomainError("worker_credential_forbidden", "worker credentials cannot reach operator endpoints")
         return None
+
+    def authenticate_header(self, request) -> str:
+        return 'Token realm="qinglong-operator"'
 
 
 class OperatorAPIView(APIView):
     """Base for operator endpoints: staff users by token (``Authorization: Token …``) or session."""
 
-    authentication_classes = [TokenAuthentication, RefuseWorkerSignature, SessionAuthentication]
+    authentication_classes = [RefuseWorkerSignature, TokenAuthentication, SessionAuthentication]
     permission_classes = [IsAdminUser]
     max_body_bytes = 96 * 1024
     max_json_depth = 8

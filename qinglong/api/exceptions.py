@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
@@ -85,3 +87,10 @@ def _handle(exc: Exception) -> Response | None:
         return Response({"code": "validation_failed", "message": str(exc.detail), "field": None},
                         status=exc.status_code)
     return None
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """``handler404``: API clients get the JSON error body; the admin keeps Django's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"code": "not_found", "message": "no such endpoint", "field": None}, status=404)
+    return defaults.page_not_found(request, exception)

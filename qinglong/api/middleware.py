@@ -10,8 +10,10 @@ class BodyLimitMiddleware:
 
     Runs in ``process_view``, i.e. after URL resolution and before authentication (which reads
     the body to check its digest) and before parsing. Views without the attribute (the admin)
-    keep Django's own ``DATA_UPLOAD_MAX_MEMORY_SIZE``. A missing or malformed Content-Length on a
-    request with a body is refused too, since the size cannot be known up front.
+    keep Django's own ``DATA_UPLOAD_MAX_MEMORY_SIZE``. A Content-Length that is not a
+    non-negative integer is refused (400 ``content_length_invalid``): the size must be known up
+    front. Without a Content-Length the WSGI request has an empty body (Django reads nothing),
+    so a body cannot slip past the limit by leaving the header out.
     """
 
     def __init__(self, get_response):
@@ -26,10 +28,13 @@ class BodyLimitMiddleware:
         if limit is None:
             return None
         raw_length = request.META.get("CONTENT_LENGTH") or "0"
-        try:
-            length = int(raw_length)
-        except ValueError:
-            return _too_large(f"Content-Length {raw_length[:20]!r} is not a number", limit)
+        if not raw_length.isascii() or not raw_length.isdigit():
+            return JsonResponse(
+                {"code": "content_length_invalid", "message": f"Content-Length {raw_length[:20]!r} is not a "
+                 "non-negative integer", "field": "Content-Length"},
+                status=400,
+            )
+        length = int(raw_length)
         if length > limit:
             return _too_large(f"the body is {length} bytes; this endpoint takes at most {limit}", limit)
         return None

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from protocol import capabilities as caps
 from protocol.errors import ProtocolError
-from qinglong.api.base import StrictCharField, StrictIntegerField, StrictSerializer
+from qinglong.api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
 
 from ..services.sessions import MAX_CONCURRENT_RUNS, SessionView
 
@@ -35,14 +35,14 @@ class CapabilitiesField(serializers.JSONField):
 
 
 class FenceSerializer(StrictSerializer):
-    workerId = serializers.UUIDField(required=False, help_text="optional; must equal the authenticated worker")
-    sessionId = serializers.UUIDField()
+    workerId = StrictUUIDField(required=False, help_text="optional; must equal the authenticated worker")
+    sessionId = StrictUUIDField()
     generation = StrictIntegerField(min_value=1)
 
 
 class RegisterSerializer(StrictSerializer):
-    workerId = serializers.UUIDField(required=False)
-    sessionId = serializers.UUIDField(help_text="a fresh UUIDv7 per process start")
+    workerId = StrictUUIDField(required=False, help_text="optional; must equal the authenticated worker")
+    sessionId = StrictUUIDField(help_text="a fresh UUIDv7 per process start")
     capabilities = CapabilitiesField()
     maxConcurrentRuns = StrictIntegerField(min_value=1, max_value=MAX_CONCURRENT_RUNS)
     availableSlots = StrictIntegerField(min_value=0, max_value=MAX_CONCURRENT_RUNS)
@@ -123,7 +123,7 @@ class EnrollOutSerializer(serializers.Serializer):
 
 
 class RotateSerializer(StrictSerializer):
-    workerId = serializers.UUIDField(required=False)
+    workerId = StrictUUIDField(required=False, help_text="optional; must equal the authenticated worker")
     publicKey = StrictCharField(max_length=64)
 
 

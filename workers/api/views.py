@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from django_ratelimit.core import get_usage
 from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from protocol import wire
-from qinglong.conf import protocol
 from qinglong.api.base import WorkerAPIView
-from qinglong.errors import DomainError
+from qinglong.api.ratelimit import by_address, client_address, enforce
+from qinglong.conf import protocol
 
 from .. import services
+from ..auth import remember_session_owner
 from . import serializers as s
 
 
@@ -34,10 +34,8 @@ class EnrollView(APIView):
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
-        usage = get_usage(request, group="worker-enroll", key="ip", rate=protocol().rate_enroll, increment=True)
-        if usage and usage["should_limit"]:
-            raise DomainError("rate_limited", "too many enrollment attempts from this address",
-                              retry_after=max(1, usage["time_left"]))
+        enforce(request, group="worker-enroll", key=by_address, rate=protocol().rate_enroll,
+                message="too many enrollment attempts from this address")
 
     @extend_schema(request=s.EnrollSerializer, responses={201: s.EnrollOutSerializer}, auth=[])
     def post(self, request):
@@ -46,16 +44,17 @@ class EnrollView(APIView):
             token=data["token"],
             public_key=data["publicKey"],
             worker_name=data.get("workerName"),
-            client=request.META.get("REMOTE_ADDR", "")[:64],
+            client=client_address(request),
         )
         out = {"workerId": credential.worker_id, "workerName": credential.worker.name, "credentialId": credential.pk}
         return Response(s.EnrollOutSerializer(out).data, status=201)
 
 
 class RotateKeyView(WorkerAPIView):
-    """Rotate the worker's key: signed by the current key; the old key keeps a short grace period."""
+    """Rotate the worker's key: signed by the current key, which keeps working only for a short
+    grace period (ROTATION_GRACE_SECONDS). 201 for a new rotation, 200 for an exact replay."""
 
-    @extend_schema(request=s.RotateSerializer, responses={201: s.RotateOutSerializer})
+    @extend_schema(request=s.RotateSerializer, responses={200: s.RotateOutSerializer, 201: s.RotateOutSerializer})
     def post(self, request):
         data = _valid(s.RotateSerializer, request)
         rotation = services.credential_rotate(
@@ -63,7 +62,7 @@ class RotateKeyView(WorkerAPIView):
             public_key=data["publicKey"],
         )
         out = {"credentialId": rotation.credential.pk, "previousCredentialValidUntil": rotation.previous_valid_until}
-        return Response(s.RotateOutSerializer(out).data, status=201)
+        return Response(s.RotateOutSerializer(out).data, status=200 if rotation.replayed else 201)
 
 
 class RegisterView(WorkerAPIView):
@@ -84,6 +83,9 @@ class RegisterView(WorkerAPIView):
             software_version=data["softwareVersion"],
             protocol_version=data["protocolVersion"],
         )
+        # The registration committed: later requests naming this session are bound to its
+        # worker from the cache, before any repository access (qinglong.api.base).
+        remember_session_owner(view.session.pk, view.session.worker_id)
         return Response(s.session_out(view), status=200 if view.replayed else 201)
 
 

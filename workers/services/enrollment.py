@@ -23,7 +23,7 @@ from django.db.models import F, Q
 from audit.models import ActorType
 from audit.recorder import record
 from protocol.ids import uuid7
-from protocol.signing import load_public_key
+from protocol.signing import load_public_key, public_key_text
 from qinglong.conf import protocol
 from qinglong.db import Refusal, db_now, write_path
 from qinglong.errors import DomainError
@@ -48,6 +48,11 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+def _key_in_use(public_key: str) -> bool:
+    """Whether any credential, live or dead, ever held this key (keys are never reused)."""
+    return WorkerCredential.objects.filter(public_key=public_key).exists()
+
+
 def _forget_credentials_on_commit(credential_ids: list[str]) -> None:
     from ..auth import forget_credentials
 
@@ -56,7 +61,13 @@ def _forget_credentials_on_commit(credential_ids: list[str]) -> None:
 
 @write_path
 def worker_create(*, name: str, description: str = "", actor: str = "") -> Worker:
-    """Create a worker record (no credential yet). ``name``: slug ≤64. Raises ``validation_failed``."""
+    """Create a worker record, with no credential yet (ADR-0012 §1: enrollment comes next).
+
+    ``name``: a lowercase slug of at most 64 characters, unique; ``description``: free text,
+    cut at 200 characters; ``actor``: the operator's name for the audit trail.
+    Writes the worker row and a ``worker.created`` event.
+    Raises ``validation_failed`` (field ``name``: not a slug, too long, or taken).
+    """
     from django.utils.text import slugify
 
     if not name or slugify(name) != name or len(name) > 64:
@@ -78,9 +89,14 @@ class IssuedToken:
 
 @write_path
 def enrollment_token_create(*, worker_id: uuid.UUID, ttl_seconds: int | None = None, user=None) -> IssuedToken:
-    """Issue a single-use enrollment token for one worker, valid ``ttl_seconds`` (default 24 h).
+    """Issue a single-use enrollment token scoped to one worker (ADR-0012 §1, §2 takeover rule).
 
-    Raises ``worker_not_found``, ``worker_revoked``, ``validation_failed`` (ttl outside 60 s–30 d).
+    ``ttl_seconds``: lifetime in seconds, 60 s to 30 days (default
+    ``ENROLLMENT_TOKEN_TTL_SECONDS``, 24 h); ``user``: the operator issuing it, if any. The token
+    (``qlenroll_`` + 256 random bits) exists only in the returned value — show it once; the
+    database keeps its SHA-256. Earlier unused tokens of the worker stay valid until they expire.
+    Locks: the worker row. Writes: the token row and an ``enrollment.token_issued`` event.
+    Raises ``worker_not_found``, ``worker_revoked``, ``validation_failed`` (field ``ttlSeconds``).
     """
     ttl = ttl_seconds or protocol().enrollment_token_ttl_seconds
     if not 60 <= ttl <= 30 * 24 * 3600:
@@ -111,15 +127,22 @@ def _refuse_enrollment(code: str, message: str, worker_id: uuid.UUID | None, cli
 def worker_enroll(
     *, token: str, public_key: str, worker_name: str | None = None, client: str = ""
 ) -> WorkerCredential | Refusal:
-    """Exchange an enrollment token and an Ed25519 public key for a worker credential.
+    """Exchange an enrollment token and an Ed25519 public key for a worker credential (ADR-0012 §1).
 
-    ``public_key``: raw 32-byte key, base64url. ``worker_name``: if given, must be the token's
-    worker. The token is single use; its worker's previous credentials are revoked (re-enrolling
-    invalidates them). Refusals are audited (``enrollment.refused``) and raise
-    ``enrollment_token_invalid`` (unknown, or another worker's), ``enrollment_token_used``,
-    ``enrollment_token_expired``, ``worker_revoked``; a malformed key is ``validation_failed``.
+    ``token``: the operator's single-use token; ``public_key``: the raw 32-byte key the agent
+    generated, unpadded base64url (the private key never leaves the worker); ``worker_name``:
+    if given, must be the token's worker; ``client``: the caller's address, for the audit trail.
+
+    The token is single use and expires; its worker's previous credentials are revoked in the
+    same transaction (re-enrolling invalidates them, and the cache forgets them on commit).
+    Locks: the worker row (so two racing uses of one token see exactly one winner). Writes: the
+    credential, the token's use, revocations, ``worker.enrolled``. Refusals commit an
+    ``enrollment.refused`` event and raise ``enrollment_token_invalid`` (unknown, or another
+    worker's), ``enrollment_token_used``, ``enrollment_token_expired`` or ``worker_revoked``;
+    a malformed or already used key raises ``validation_failed`` (field ``publicKey``).
     """
     key = load_public_key(public_key)
+    public_key = public_key_text(key)
     issued = EnrollmentToken.objects.filter(digest=token_digest(token)).select_related("worker").first()
     if issued is None:
         return _refuse_enrollment("enrollment_token_invalid", "unknown enrollment token", None, client)
@@ -136,6 +159,8 @@ def worker_enroll(
         return _refuse_enrollment("enrollment_token_used", "the enrollment token was already used", worker.pk, client)
     if issued.expires_at <= now:
         return _refuse_enrollment("enrollment_token_expired", "the enrollment token expired", worker.pk, client)
+    if _key_in_use(public_key):
+        raise DomainError("validation_failed", "this key was already used by a credential", field="publicKey")
     previous = list(
         WorkerCredential.objects.filter(worker=worker)
         .exclude(state=CredentialState.REVOKED)
@@ -171,53 +196,102 @@ def _new_credential(worker: Worker, public_key: str, key, now) -> WorkerCredenti
 
 @dataclass(frozen=True)
 class Rotation:
-    """A completed rotation: the new credential, and when the previous key stops working."""
+    """A completed rotation: the new credential, and when the previous key stops working.
+
+    ``replayed`` is True when the same rotation was asked for again (a lost answer): nothing
+    was written and the answer is the first one's.
+    """
 
     credential: WorkerCredential
     previous_valid_until: datetime
+    replayed: bool = False
 
 
 @write_path
 def credential_rotate(*, worker_id: uuid.UUID, credential_id: str, public_key: str) -> Rotation:
-    """Install a new public key for a worker; the calling (current) key enters its grace period.
+    """Install a new public key for a worker, signed by its current key (ADR-0012 §2 takeover rule).
 
-    Must be called with a request signed by the worker's *active* credential ``credential_id``.
-    The old key keeps working until now + ``ROTATION_GRACE_SECONDS``, then it is refused with
-    ``credential_expired``. Raises ``credential_revoked`` if the signing key is not the active one,
-    ``validation_failed`` for a malformed or reused key.
+    Arguments: ``worker_id`` and ``credential_id`` come from the authenticated principal (the
+    key that signed the request); ``public_key`` is the new raw 32-byte Ed25519 key, base64url.
+
+    Only the worker's *newest* credential may rotate: the active one, or — after an operator
+    forced a rotation (:func:`credential_force_rotation`) — the rotated one still inside its
+    grace period, as long as nothing newer exists. The calling key then works only until
+    now + ``ROTATION_GRACE_SECONDS`` (never longer than a grace it already had) and is refused
+    with ``credential_expired`` afterwards. Asking again with the same new key from the key that
+    rotated is an exact replay (a lost answer): same credential, nothing written.
+
+    Locks: the worker row. Writes: the two credential rows, ``rotation_required`` cleared, a
+    ``credential.rotated`` event; evicts the old key from the credential cache on commit.
+    Raises: ``validation_failed`` (``publicKey`` malformed, or already used by any credential),
+    ``worker_not_found``, ``worker_revoked``, ``credential_revoked``/``credential_expired``
+    (the calling key is dead), ``credential_superseded`` (a newer credential exists).
     """
     key = load_public_key(public_key)
+    public_key = public_key_text(key)
     worker = lock_worker(worker_id)
+    if worker.state == WorkerState.REVOKED:
+        raise DomainError("worker_revoked", "the worker is revoked")
     now = db_now()
-    current = WorkerCredential.objects.filter(pk=credential_id, worker=worker, state=CredentialState.ACTIVE).first()
-    if current is None:
-        raise DomainError("credential_revoked", "only the active credential can rotate")
-    if current.public_key == public_key:
-        raise DomainError("validation_failed", "the new key must differ from the current one", field="publicKey")
+    live = list(
+        WorkerCredential.objects.filter(worker=worker)
+        .exclude(state=CredentialState.REVOKED)
+        .order_by("-created_at", "-pk")
+    )
+    caller = next((credential for credential in live if credential.pk == credential_id), None)
+    if caller is None:
+        raise DomainError("credential_revoked", "the signing credential was revoked")
+    if caller.state == CredentialState.ROTATED and caller.not_after <= now:
+        raise DomainError("credential_expired", "the signing credential's grace period is over")
+    newest = live[0]
+    if newest.pk != caller.pk:
+        if newest.public_key == public_key and live[1].pk == caller.pk:
+            return Rotation(credential=newest, previous_valid_until=caller.not_after, replayed=True)
+        raise DomainError(
+            "credential_superseded", "a newer credential exists; only the newest key may rotate", field="publicKey"
+        )
+    if _key_in_use(public_key):
+        raise DomainError("validation_failed", "this key was already used by a credential", field="publicKey")
     grace = protocol().rotation_grace_seconds
     valid_until = now + timedelta(seconds=grace)
-    WorkerCredential.objects.filter(pk=current.pk).update(state=CredentialState.ROTATED, not_after=valid_until)
+    if caller.not_after is not None:
+        valid_until = min(valid_until, caller.not_after)  # a forced rotation's grace is not extended
+    WorkerCredential.objects.filter(pk=caller.pk).update(state=CredentialState.ROTATED, not_after=valid_until)
     credential = _new_credential(worker, public_key, key, now)
     Worker.objects.filter(pk=worker.pk).update(rotation_required=False)
-    record("credential.rotated", actor_type=ActorType.WORKER, worker_id=worker.pk, data={"grace_s": grace})
-    _forget_credentials_on_commit([current.pk])
+    forced = caller.state == CredentialState.ROTATED
+    record("credential.rotated", actor_type=ActorType.WORKER, actor=worker.name, worker_id=worker.pk,
+           data={"grace_s": int((valid_until - now).total_seconds()), "forced": forced})
+    _forget_credentials_on_commit([caller.pk])
     return Rotation(credential=credential, previous_valid_until=valid_until)
 
 
 @write_path
 def credential_force_rotation(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
-    """Operator: require the worker to rotate its key within the grace period.
+    """Operator: require the worker to rotate its key within the grace period (ADR-0012 §2).
 
-    The active credential becomes ``rotated`` with ``not_after`` = now + grace; the worker is told
-    (``rotationRequired`` in heartbeat answers) and rotates with that key. A worker that misses
-    the window gets ``credential_expired`` and must be re-enrolled.
+    The active credential becomes ``rotated`` with ``not_after`` = now + ``ROTATION_GRACE_SECONDS``
+    and the worker is flagged; the agent learns it from ``rotationRequired`` in its next
+    heartbeat answer and rotates with that key (:func:`credential_rotate`). A worker that misses
+    the window gets ``credential_expired`` and must be re-enrolled. Forcing again while a forced
+    rotation is pending changes nothing.
+
+    Locks: the worker row. Writes: the credential, the worker's flag, a
+    ``credential.rotation_forced`` event; evicts the credential cache on commit.
+    Raises: ``worker_not_found``, ``worker_revoked``, ``worker_not_enrolled`` (no active key).
     """
     worker = lock_worker(worker_id)
+    if worker.state == WorkerState.REVOKED:
+        raise DomainError("worker_revoked", "the worker is revoked")
     now = db_now()
     grace = protocol().rotation_grace_seconds
     ids = list(
         WorkerCredential.objects.filter(worker=worker, state=CredentialState.ACTIVE).values_list("pk", flat=True)
     )
+    if not ids:
+        if worker.rotation_required:
+            return worker
+        raise DomainError("worker_not_enrolled", "the worker has no active credential to rotate")
     WorkerCredential.objects.filter(pk__in=ids).update(
         state=CredentialState.ROTATED, not_after=now + timedelta(seconds=grace)
     )
@@ -234,9 +308,12 @@ def worker_revoke(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
     """Operator: revoke a worker for good (ADR-0012 §1, PRODUCT invariant 11).
 
     In one transaction: worker → revoked, every credential revoked, the live session fenced,
-    its leases settled (started attempts lost and retried per policy elsewhere, unstarted ones
-    back in the queue), events. The next request signed by it is refused (``credential_revoked``).
-    Revoking a revoked worker is a no-op.
+    its leases settled by ``leases.settlement`` (started attempts lost and retried per policy
+    elsewhere, unstarted ones back in the queue), unused enrollment tokens expired, events. On
+    commit the credential cache forgets its keys in every process, so the next request signed by
+    it is refused (``credential_revoked``); the agent then exits with status 4 and is not
+    restarted. Revoking a revoked worker is a no-op. Locks: worker, then (via settlement) runs,
+    attempts, leases. Raises ``worker_not_found``.
     """
     worker = lock_worker(worker_id)
     if worker.state == WorkerState.REVOKED:
@@ -263,7 +340,9 @@ def worker_drain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
     """Operator drain: the worker takes no new runs, now and across restarts, until undrained.
 
     Its live online session turns ``draining`` (capacity 0, version + 1) in the same
-    transaction; running attempts finish normally. New sessions start draining.
+    transaction; running attempts finish normally. New sessions start draining (ADR-0012 §5.3).
+    Locks: the worker row. Writes: the worker, its session, a ``worker.drained`` event. A worker
+    that is not active is returned unchanged. Raises ``worker_not_found``.
     """
     worker = lock_worker(worker_id)
     if worker.state != WorkerState.ACTIVE:
@@ -280,8 +359,11 @@ def worker_drain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
 
 @write_path
 def worker_undrain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
-    """Operator: end an operator drain. A session the operator drained returns to ``online``
-    (capacity 0 until its next heartbeat reports slots); a worker's own shutdown drain stays."""
+    """Operator: end an operator drain (ADR-0012 §5). A session the operator drained returns to
+    ``online`` (capacity 0 until its next heartbeat reports slots, version + 1); a worker's own
+    shutdown drain stays. Locks: the worker row. Writes: the worker, its session, a
+    ``worker.undrained`` event. A worker not draining is returned unchanged.
+    Raises ``worker_not_found``."""
     worker = lock_worker(worker_id)
     if worker.state != WorkerState.DRAINING:
         return worker

@@ -1,0 +1,166 @@
+"""Real processes for end-to-end tests: ``manage.py serve`` on the test database, the worker
+agent, ``manage.py`` commands — each a separate process, as in production.
+
+Servers listen on 127.0.0.1 ports 8600-8699 only; each pytest-xdist worker takes its own slice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PORTS = range(8600, 8700)
+
+
+def database_url() -> str:
+    """The URL of the database this test runs on (pytest-django's test database)."""
+    from django.db import connection
+
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    credentials = settings["USER"] + (f":{settings['PASSWORD']}" if settings.get("PASSWORD") else "")
+    return f"postgres://{credentials}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+
+
+def free_port() -> int:
+    """A free port in this xdist worker's slice of 8600-8699."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+    width = 25
+    for port in PORTS[index * width % len(PORTS) :][:width]:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 8600-8699")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition", step: float = 0.1):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def manage(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``manage.py`` in a separate process against the test database."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "DATABASE_URL": database_url(), **(env or {})},
+    )
+
+
+class ControlPlane:
+    """``manage.py serve`` (waitress + in-process sweeps) on the test database; stop/start at will."""
+
+    def __init__(self, log_dir: Path, **settings: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_dir = log_dir
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "QINGLONG_PROFILE": "standalone",
+            "QINGLONG_LOG_LEVEL": "INFO",
+            **settings,
+        }
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.log_dir / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 - closed with the process
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "serve",
+                "--port",
+                str(self.port),
+                "--threads",
+                "4",
+                "--sweep-interval",
+                "0.5",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for(self._answers, timeout=30, what=f"the control plane on {self.url}")
+
+    def _answers(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"manage.py serve exited with {self.process.returncode}: {self.log()}")
+        try:
+            with urllib.request.urlopen(self.url + "/api/v1/schema", timeout=2):
+                return True
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.process = None
+
+    def log(self) -> str:
+        return (self.log_dir / f"serve-{self.starts}.log").read_text(errors="replace")[-4000:]
+
+
+class Agent:
+    """``python -m agent …`` with its stderr kept in a file (the agent logs there)."""
+
+    def __init__(self, state: Path, log_dir: Path) -> None:
+        self.state = state
+        self.log_dir = log_dir
+        self.process: subprocess.Popen | None = None
+        self.runs = 0
+
+    def start(self, *args: str) -> subprocess.Popen:
+        self.runs += 1
+        self.log_path = self.log_dir / f"agent-{self.runs}.log"
+        log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
+        env = {**os.environ, "QINGLONG_WORKER_LOG_LEVEL": "INFO"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "agent", "--state-dir", str(self.state), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        return self.process
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)

@@ -1,0 +1,43 @@
+"""No endpoint a worker can reach exists without the transport's protections (issue 6, ADR-0012 §1):
+every worker route is a signed, rate-limited, principal-bound ``WorkerAPIView`` with a body
+limit (enrollment, the one unsigned route, is rate limited per address and size limited); every
+operator route is an ``OperatorAPIView``."""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from qinglong.api.base import OperatorAPIView, WorkerAPIView
+from workers.api.views import EnrollView
+from workers.auth import WorkerSignatureAuthentication
+
+
+def routes(patterns=None, prefix: str = ""):
+    for entry in patterns if patterns is not None else get_resolver().url_patterns:
+        if isinstance(entry, URLResolver):
+            yield from routes(entry.url_patterns, prefix + str(entry.pattern))
+        elif isinstance(entry, URLPattern):
+            yield "/" + prefix + str(entry.pattern), getattr(entry.callback, "cls", None)
+
+
+def test_every_worker_route_is_protected():
+    worker_routes = {path: view for path, view in routes() if path.startswith("/api/v1/worker/")}
+    assert len(worker_routes) >= 13
+    for path, view in worker_routes.items():
+        if view is EnrollView:
+            assert view.authentication_classes == [] and view.max_body_bytes <= 4096
+            continue
+        assert view is not None and issubclass(view, WorkerAPIView), path
+        assert view.authentication_classes == [WorkerSignatureAuthentication], path
+        assert view.http_method_names == ["post", "options"], path
+        assert 0 < view.max_body_bytes <= 64 * 1024 and view.max_json_depth <= 8, path
+        assert "initial" not in vars(view), f"{path} must not bypass WorkerAPIView.initial"
+
+
+def test_every_operator_route_is_staff_only():
+    operator_routes = {path: view for path, view in routes() if path.startswith("/api/v1/ops/")}
+    assert operator_routes
+    for path, view in operator_routes.items():
+        assert view is not None and issubclass(view, OperatorAPIView), path
+        assert view.authentication_classes == OperatorAPIView.authentication_classes, path
+        assert view.permission_classes == OperatorAPIView.permission_classes, path

@@ -1,0 +1,143 @@
+"""The stores behind authentication are shared the way each profile needs (ADR-0012 §1, §6).
+
+Cluster profile: nonces and rate-limit counters live in Redis, so separate control-plane
+processes (replicas) see one nonce once and count into one window. Standalone profile: the
+operator's ``manage.py`` commands run in another process than the server, and a revocation made
+there is refused by the server on its very next request, warm cache or not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+import pytest
+
+from protocol import strictjson, wire
+from protocol.signing import sign_request
+from tests.agent.processes import ROOT, manage
+from tests.helpers import SignedClient, enrolled_worker, register
+
+REPLICA = """
+import json, os, sys, time
+import django
+django.setup()
+from django.test import RequestFactory
+from protocol.errors import ProtocolError
+from qinglong.api.ratelimit import enforce
+from qinglong.errors import DomainError
+from workers.auth import cache_is_shared, nonce_accept
+
+assert cache_is_shared(), "the cluster profile must use a shared cache"
+go, key_id, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+while not os.path.exists(go):
+    time.sleep(0.005)
+accepted = []
+for index in range(count):
+    try:
+        nonce_accept(key_id=key_id, nonce=f"nonce-{index:05d}-abcdefghijklmnop", created=int(time.time()),
+                     window_seconds=60)
+        accepted.append(index)
+    except ProtocolError as exc:
+        assert exc.code == "signature_replayed", exc.code
+allowed = 0
+request = RequestFactory().post("/")
+for _ in range(count):
+    try:
+        enforce(request, group="replicas-" + key_id, key=lambda group, req: "one-worker", rate=f"{count}/d",
+                message="limited")
+        allowed += 1
+    except DomainError as exc:
+        assert exc.code == "rate_limited", exc.code
+print(json.dumps({"accepted": accepted, "allowed": allowed}))
+"""
+
+
+@pytest.mark.redis
+def test_two_cluster_replicas_see_each_nonce_once_and_share_rate_limits(redis_url, tmp_path):
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "qinglong.settings",
+        "QINGLONG_PROFILE": "cluster-control",
+        "REDIS_URL": redis_url,
+        "DJANGO_SECRET_KEY": "replica-test-key",
+        "DATABASE_URL": "postgres://unused@127.0.0.1:5432/never-connected",
+    }
+    go, key_id, count = tmp_path / "go", f"wkc_{secrets.token_hex(8)}", 200
+    replicas = [
+        subprocess.Popen(
+            [sys.executable, "-c", REPLICA, str(go), key_id, str(count)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    time.sleep(1.0)  # both replicas import Django and wait for the go file
+    go.touch()
+    results = []
+    for replica in replicas:
+        out, err = replica.communicate(timeout=60)
+        assert replica.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    first, second = (set(r["accepted"]) for r in results)
+    assert first | second == set(range(count)), "a nonce was refused by both replicas"
+    assert not first & second, f"{len(first & second)} nonces were accepted by both replicas"
+    assert results[0]["allowed"] + results[1]["allowed"] == count
+
+
+@pytest.mark.redis
+@pytest.mark.django_db
+def test_a_replay_is_refused_over_http_with_the_redis_store(client, settings, redis_url):
+    import redis
+
+    prefix = f"qltest{secrets.token_hex(4)}"
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url,
+                    "KEY_PREFIX": prefix}
+    }
+    try:
+        worker = enrolled_worker()
+        session = register(worker)
+        raw = strictjson.dumps({**session.fence(), "expectedVersion": session.version, "availableSlots": 2})
+        headers = sign_request(
+            method="POST",
+            path=wire.SESSION_HEARTBEAT,
+            body=raw,
+            key_id=worker.credential_id,
+            private_key=worker.key,
+        )
+
+        def send():
+            return client.generic(
+                "POST", wire.SESSION_HEARTBEAT, raw, content_type="application/json", headers=headers
+            )
+
+        assert send().status_code == 200
+        replay = send()
+        assert (replay.status_code, replay.json()["code"]) == (401, "signature_replayed")
+    finally:  # only this test's keys: never flush a Redis database others may use
+        server = redis.Redis.from_url(redis_url)
+        for key in server.scan_iter(match=f"{prefix}:*"):
+            server.delete(key)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_revocation_from_the_command_line_reaches_the_server_process_at_once(client):
+    """Here the test process plays ``manage.py serve`` (warm per-process cache) and the revocation
+    runs as ``manage.py worker_admin revoke`` in its own process."""
+    worker = enrolled_worker()
+    session = register(worker)
+    api = SignedClient(client, worker)
+    body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 2}
+    assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200  # the credential is now cached here
+    done = manage("worker_admin", "revoke", worker.name)
+    assert done.returncode == 0, done.stderr
+    answer = api.post(wire.SESSION_HEARTBEAT, body)
+    assert (answer.status_code, answer.json()["code"]) == (401, "credential_revoked")
