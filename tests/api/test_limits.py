@@ -93,7 +93,7 @@ def test_a_duplicate_key_is_refused_naming_where(api):
     assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (
         400,
         "json_duplicate_key",
-        "publicKey",
+        "publicKey.a",  # the repeated key itself, inside the object that holds it
     )
 
 
