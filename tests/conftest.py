@@ -42,12 +42,18 @@ def redis_url() -> str:
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    """Each test starts with an empty cache (nonces, rate-limit counters, credentials)."""
-    from django.core.cache import cache
+    """Each test starts with an empty per-process cache (nonces, rate-limit counters, credentials).
 
-    cache.clear()
+    Only the locmem cache is cleared: ``clear()`` on a Redis cache would FLUSHDB a shared server.
+    """
+    from django.core.cache import cache
+    from django.core.cache.backends.locmem import LocMemCache
+
+    if isinstance(cache, LocMemCache):
+        cache.clear()
     yield
-    cache.clear()
+    if isinstance(cache, LocMemCache):
+        cache.clear()
 
 
 @pytest.fixture

@@ -14,6 +14,9 @@ from waitress import serve
 from qinglong.conf import is_cluster
 from qinglong.sweeps import loop
 
+#: Largest body waitress will buffer: the operator API's limit (96 KiB) plus headroom.
+MAX_REQUEST_BODY_BYTES = 128 * 1024
+
 
 class Command(BaseCommand):
     help = "Serve the control plane (waitress) with the in-process sweep loop."
@@ -40,7 +43,9 @@ class Command(BaseCommand):
             f"(profile {settings.QINGLONG_PROFILE}, sweeps {'in-process' if sweeping else 'elsewhere'})"
         )
         try:
+            # waitress buffers a whole body before Django sees it (chunked bodies included), so its
+            # own cap must sit just above the largest per-endpoint limit (BodyLimitMiddleware).
             serve(application, host=options["host"], port=options["port"], threads=options["threads"],
-                  ident="qinglong")
+                  ident="qinglong", max_request_body_size=MAX_REQUEST_BODY_BYTES)
         finally:
             stop.set()
