@@ -248,7 +248,7 @@ def run_cancel(*, run_id: uuid.UUID, reason: str = "", actor_type: str = ActorTy
             move_attempt(live, AttemptState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
                          outcome_reason="cancelled_by_user")
         move_run(run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
-                 error_class="cancelled_by_user")
+                 next_attempt_at=None, error_class="cancelled_by_user")
     return CancelResult(run, "requested")
 
 
@@ -266,7 +266,7 @@ def run_requeue(*, run_id: uuid.UUID) -> Run | None:
         return None
     if run.cancel_requested_at is not None:
         return move_run(run, RunState.CANCELLED, actor_type=ActorType.RECONCILER, finished_at=now,
-                        error_class="cancelled_by_user")
+                        next_attempt_at=None, error_class="cancelled_by_user")
     number = run.attempt_count + 1
     move_run(run, RunState.QUEUED, actor_type=ActorType.RECONCILER, attempt_count=number, next_attempt_at=None)
     _new_attempt(run, number, now, ActorType.RECONCILER, "")
