@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import rfc8785
-from django.db.models import F
+from django.db.models import F, Q
 
 from audit.models import ActorType
 from audit.recorder import record
@@ -246,15 +246,22 @@ def lease_claim(
     answered: list[Offer] = []
     fresh: list[tuple[int, OfferRequest]] = []
     for index, request in enumerate(offers):
-        existing = (
+        # One read finds both a replay (this offer id) and a reused token (this digest; digests
+        # are bound to the worker, so only this worker's leases can match).
+        digest = token_digest(request.lease_token, worker_id=worker.pk)
+        seen = list(
             RunDispatchLease.objects.select_related("run__revision", "attempt")
-            .filter(worker_id=worker.pk, offer_id=request.offer_id)
-            .first()
+            .filter(Q(offer_id=request.offer_id) | Q(token_digest=digest), worker_id=worker.pk)[:2]
         )
-        if existing is None:
-            fresh.append((index, request))
-        else:
+        existing = next((lease for lease in seen if lease.offer_id == request.offer_id), None)
+        if existing is not None:
             answered.append(_replay(existing, request, session, index, now))
+        elif seen:
+            raise DomainError(
+                "lease_offer_conflict", "this lease token was already used", field=f"offers[{index}].leaseToken"
+            )
+        else:
+            fresh.append((index, request))
     if not fresh:
         return answered
     if session.state == SessionState.DRAINING:
@@ -271,11 +278,6 @@ def lease_claim(
             f"the session holds {active} active lease(s) of {min(session.max_concurrent_runs, session.available_slots)}",
             details={"activeLeases": active},
         )
-    for index, request in fresh:
-        if RunDispatchLease.objects.filter(token_digest=token_digest(request.lease_token, worker_id=worker.pk)).exists():
-            raise DomainError(
-                "lease_offer_conflict", "this lease token was already used", field=f"offers[{index}].leaseToken"
-            )
 
     snapshot = parse_capabilities(session.capabilities_sha256, session.capabilities)
     ranking = _Ranking(worker, free, now)
@@ -290,9 +292,9 @@ def lease_claim(
         fit = match(snapshot, placement)
         if not fit.eligible or ranking.defer(attempt, revision.placement_sha256, placement, fit.score):
             continue
-        run = try_lock_run(attempt.run_id)
+        run = try_lock_run(attempt.run_id, version=attempt.run.version)
         if run is None:
-            continue  # another claimer holds it; move on rather than queue behind it
+            continue  # another claimer holds it or changed it since the page was read: move on
         attempt = RunAttempt.objects.get(pk=attempt.pk)  # the whole row, re-read under the run lock
         if (
             attempt.state != AttemptState.CLAIMED

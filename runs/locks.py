@@ -21,10 +21,16 @@ def lock_run(run_id: uuid.UUID) -> Run:
     return run
 
 
-def try_lock_run(run_id: uuid.UUID) -> Run | None:
+def try_lock_run(run_id: uuid.UUID, *, version: int | None = None) -> Run | None:
     """Lock one run unless another transaction holds it (``SKIP LOCKED``); None if skipped/gone.
 
     Used by claims so that concurrent claimers move on to the next candidate instead of queueing
-    behind each other (PostgreSQL; on SQLite writers are already serialised).
+    behind each other (PostgreSQL; on SQLite writers are already serialised). With ``version``
+    the row is locked only if it is still at that version — PostgreSQL re-checks the condition
+    on the newest row version after the lock — so a claimer never holds (and makes everyone else
+    skip) a run that another claim or a cancel changed since the claimer's candidate page was read.
     """
-    return Run.objects.select_for_update(of=("self",), skip_locked=True).filter(pk=run_id).first()
+    queryset = Run.objects.select_for_update(of=("self",), skip_locked=True).filter(pk=run_id)
+    if version is not None:
+        queryset = queryset.filter(version=version)
+    return queryset.first()

@@ -30,12 +30,13 @@ def latest_revision(task: Task) -> TaskRevision:
 
 QueueCursor = tuple[int, datetime, object]
 
-#: What a candidate row carries: its queue position and state, and its run's pinned placement.
+#: What a candidate row carries: its queue position and state, its run's version (a claim locks
+#: the run only if it is still at that version) and its run's pinned placement.
 #: Nothing large (commands, env, output tails) — a claim loads the revision of the one attempt it
 #: actually claims, under that run's row lock.
 CANDIDATE_FIELDS = (
     "id", "run_id", "state", "priority", "ready_at", "lease_expires_at", "lease_generation",
-    "run__id", "run__revision", "run__revision__placement", "run__revision__placement_sha256",
+    "run__id", "run__version", "run__revision", "run__revision__placement", "run__revision__placement_sha256",
 )
 
 

@@ -1,11 +1,14 @@
-"""Celery beat runs the sweeps on Redis (cluster profile): a real ``celery worker --beat``
-process, pointed at this test's database and at Redis, settles a lapsed lease on its own."""
+"""The three things that run the sweep cycle settle lapsed leases on their own: Celery beat on
+Redis (cluster profile) — a real ``celery worker --beat`` process pointed at this test's database
+— and the in-process loop of ``manage.py serve`` (standalone profile). ``manage.py sweep`` is in
+test_expiry.py."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -14,10 +17,11 @@ import pytest
 from django.db import connection
 
 from audit.models import Event
+from qinglong.sweeps import loop
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, expire_lease, start
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,6 +35,8 @@ def database_url() -> str:
             f"/{settings['NAME']}")
 
 
+@pytest.mark.redis
+@pytest.mark.slow
 def test_celery_beat_settles_a_lapsed_lease(redis_url, tmp_path):
     session = register(enrolled_worker())
     run = enqueue(make_revision(max_attempts=2, lost_retry="idempotent"))
@@ -82,3 +88,30 @@ def test_celery_beat_settles_a_lapsed_lease(redis_url, tmp_path):
     assert settled_by.actor_type == "reconciler"
     text = log.read_text()
     assert "qinglong.tasks.sweep_cycle" in text and "succeeded" in text, text
+
+
+def test_the_in_process_loop_settles_a_lapsed_lease():
+    session = register(enrolled_worker())
+    enqueue(make_revision())
+    held = claim_one(session)  # never ACKed: the dispatch timeout returns it to the queue
+    expire_lease(held.attempt_id)
+    stop = threading.Event()
+
+    def serve_loop():
+        try:
+            loop(stop, 0.05)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=serve_loop, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while held.lease().state == "leased":
+            assert time.monotonic() < deadline, "the loop settled nothing"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert (held.lease().release_reason, held.attempt().state) == ("dispatch_timeout", "claimed")
