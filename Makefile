@@ -32,5 +32,11 @@ test-sqlite: $(VENV)/.dev
 test-postgres: $(VENV)/.dev
 	$(PY) scripts/run_tests.py --only postgres --pg-url $(PG_URL) $(ARGS)
 
+## bench-claim: claims/s, p50/p99 claim latency (1/4/16 claimers, 1k/100k backlog) next to pgbench
+## on PostgreSQL; wipes the QingLong tables of $(BENCH_PG_URL) (created if missing)
+BENCH_PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong_bench
+bench-claim: $(VENV)/.dev
+	$(PY) bench/claim.py --pg-url $(BENCH_PG_URL)
+
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis
