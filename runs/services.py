@@ -221,6 +221,9 @@ def run_cancel(*, run_id: uuid.UUID, reason: str = "", actor_type: str = ActorTy
     and completes ``cancelled``. If that worker vanishes, lease settlement cancels instead of
     retrying. No new attempt is ever created for a cancel-requested run.
 
+    Locks: the run row. Writes (first request only): ``cancel_requested_at`` = DB now, the
+    reason, version + 1, ``run.cancel_requested``; for an unleased attempt also attempt and run
+    ``cancelled`` with their events (a lapsed, unswept lease of it is released ``cancelled``).
     Returns the run and ``requested``/``already_requested``/``already_terminal``.
     Raises ``run_not_found``, ``validation_failed`` (reason over 200 characters).
     """
@@ -258,7 +261,9 @@ def run_requeue(*, run_id: uuid.UUID) -> Run | None:
 
     All or nothing: run → queued, ``attempt_count`` + 1, a new ``claimed`` attempt (which shares
     no worker, session, lease or handle with earlier ones), ``run.queued`` + ``attempt.claimed``.
-    Returns None (writes nothing) if the run is not due or no longer waiting.
+    A run whose cancellation was requested meanwhile is cancelled instead. Locks: the run row;
+    due-ness is re-checked against the DB clock after the lock. Returns None (writes nothing)
+    if the run is not due or no longer waiting.
     """
     run = lock_run(run_id)
     now = db_now()
@@ -274,7 +279,9 @@ def run_requeue(*, run_id: uuid.UUID) -> Run | None:
 
 
 def sweep_due_retries(*, batch: int | None = None) -> int:
-    """Requeue up to ``batch`` due ``retry_wait`` runs, one transaction each; return how many."""
+    """Requeue up to ``batch`` (default ``SWEEP_BATCH``) due ``retry_wait`` runs, one transaction
+    each, oldest due first (partial index ``run_retry_due``); return how many were queued. Safe
+    with several sweepers: each requeue re-checks under the run lock."""
     now = db_now()
     due = list(
         Run.objects.filter(state=RunState.RETRY_WAIT, next_attempt_at__lte=now)
