@@ -58,8 +58,14 @@ def _admin_connect(url: str):
     import psycopg
 
     parts = urlsplit(url)
-    return psycopg.connect(host=parts.hostname, port=parts.port or 5432, user=parts.username or "postgres",
-                           password=parts.password or None, dbname="postgres", autocommit=True)
+    return psycopg.connect(
+        host=parts.hostname,
+        port=parts.port or 5432,
+        user=parts.username or "postgres",
+        password=parts.password or None,
+        dbname="postgres",
+        autocommit=True,
+    )
 
 
 def _dbname(url: str) -> str:
@@ -122,18 +128,34 @@ def reset_and_load(backlog: int, claimers: int) -> list[Claimer]:
             "workers_worker CASCADE"
         )
     revision = run_services.task_create(
-        name="bench-claim", spec=run_services.RevisionSpec(executor="shell", command="true", timeout_seconds=60)
+        name="bench-claim",
+        spec=run_services.RevisionSpec(executor="shell", command="true", timeout_seconds=60),
     )
-    capabilities = snapshot({
-        "arch": "x86_64", "os": "linux", "executors": ["shell"], "runtimes": [], "labels": {"zone": "bench"},
-        "memoryMiB": 4096, "diskMiB": 20480, "cpuCount": 4, "gpus": [], "features": [],
-    })
+    capabilities = snapshot(
+        {
+            "arch": "x86_64",
+            "os": "linux",
+            "executors": ["shell"],
+            "runtimes": [],
+            "labels": {"zone": "bench"},
+            "memoryMiB": 4096,
+            "diskMiB": 20480,
+            "cpuCount": 4,
+            "gpus": [],
+            "features": [],
+        }
+    )
     out = []
     for index in range(claimers):
         worker = worker_services.worker_create(name=f"bench-{index:02d}")
         view = worker_services.session_register(
-            worker_id=worker.pk, session_id=uuid7(), capabilities=capabilities, max_concurrent_runs=1,
-            available_slots=1, software_version="bench/1", protocol_version=1,
+            worker_id=worker.pk,
+            session_id=uuid7(),
+            capabilities=capabilities,
+            max_concurrent_runs=1,
+            available_slots=1,
+            software_version="bench/1",
+            protocol_version=1,
         )
         out.append(Claimer(worker.pk, view.session.pk, view.session.generation))
     started = time.perf_counter()
@@ -142,9 +164,11 @@ def reset_and_load(backlog: int, claimers: int) -> list[Claimer]:
         # any dispatch hold); priorities take five levels so pages cross priority boundaries.
         cursor.execute(
             """
-            INSERT INTO runs_run (id, task_id, revision_id, state, version, event_sequence, priority,
-                                  attempt_count, cancel_reason, error_class, created_by, created_at)
-            SELECT gen_random_uuid(), %(task)s, %(revision)s, 'queued', 1, 1, (g %% 5) - 2, 1, '', '', 'bench',
+            INSERT INTO runs_run (id, task_id, revision_id, state, version, event_sequence,
+                                  priority, attempt_count, cancel_reason, error_class, created_by,
+                                  created_at)
+            SELECT gen_random_uuid(), %(task)s, %(revision)s, 'queued', 1, 1,
+                   (g %% 5) - 2, 1, '', '', 'bench',
                    now() - interval '1 hour' + g * interval '1 millisecond'
             FROM generate_series(1, %(n)s) AS g
             """,
@@ -152,9 +176,11 @@ def reset_and_load(backlog: int, claimers: int) -> list[Claimer]:
         )
         cursor.execute(
             """
-            INSERT INTO runs_runattempt (id, run_id, number, state, version, priority, ready_at, lease_generation,
-                                         executor_handle, outcome_reason, stdout_tail, stderr_tail, created_at)
-            SELECT gen_random_uuid(), r.id, 1, 'claimed', 0, r.priority, r.created_at, 0, '', '', '', '', r.created_at
+            INSERT INTO runs_runattempt (id, run_id, number, state, version, priority, ready_at,
+                                         lease_generation, executor_handle, outcome_reason,
+                                         stdout_tail, stderr_tail, created_at)
+            SELECT gen_random_uuid(), r.id, 1, 'claimed', 0, r.priority, r.created_at,
+                   0, '', '', '', '', r.created_at
             FROM runs_run r WHERE r.revision_id = %(revision)s
             """,
             {"revision": revision.pk},
@@ -202,16 +228,26 @@ def _claimer(claimer: Claimer, barrier, seconds: float, results) -> None:
         while time.perf_counter() < deadline:
             token = secrets.token_urlsafe(32)
             started = time.perf_counter()
-            offers = lease_claim(worker_id=claimer.worker_id, session_id=claimer.session_id,
-                                 generation=claimer.generation, offers=[OfferRequest(uuid7(), token)])
+            offers = lease_claim(
+                worker_id=claimer.worker_id,
+                session_id=claimer.session_id,
+                generation=claimer.generation,
+                offers=[OfferRequest(uuid7(), token)],
+            )
             latencies.append(time.perf_counter() - started)
             if not offers:
                 empty += 1
                 continue
             lease = offers[0].lease
-            lease_release(worker_id=claimer.worker_id, session_id=claimer.session_id,
-                          generation=claimer.generation, attempt_id=lease.attempt_id,
-                          lease_generation=lease.lease_generation, lease_token=token, lease_version=lease.version)
+            lease_release(
+                worker_id=claimer.worker_id,
+                session_id=claimer.session_id,
+                generation=claimer.generation,
+                attempt_id=lease.attempt_id,
+                lease_generation=lease.lease_generation,
+                lease_token=token,
+                lease_version=lease.version,
+            )
         results.put((latencies, empty, None))
     except Exception as exc:  # report, do not hang the parent
         results.put(([], 0, f"{type(exc).__name__}: {exc}"))
@@ -270,8 +306,12 @@ def pgbench_tps(url: str, seconds: int, clients: int) -> float:
         raise SystemExit("pgbench is not installed (apt-get install postgresql-client)")
     name = _dbname(url) + "_pgbench"
     parts = urlsplit(url)
-    env = {**os.environ, "PGHOST": parts.hostname or "127.0.0.1", "PGPORT": str(parts.port or 5432),
-           "PGUSER": parts.username or "postgres"}
+    env = {
+        **os.environ,
+        "PGHOST": parts.hostname or "127.0.0.1",
+        "PGPORT": str(parts.port or 5432),
+        "PGUSER": parts.username or "postgres",
+    }
     if parts.password:
         env["PGPASSWORD"] = parts.password
     with _admin_connect(url) as conn:
@@ -279,8 +319,13 @@ def pgbench_tps(url: str, seconds: int, clients: int) -> float:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
         subprocess.run(["pgbench", "-i", "-q", "-s", "10", name], env=env, check=True, capture_output=True)
-        done = subprocess.run(["pgbench", "-c", str(clients), "-j", str(clients), "-T", str(seconds), name],
-                              env=env, check=True, capture_output=True, text=True)
+        done = subprocess.run(
+            ["pgbench", "-c", str(clients), "-j", str(clients), "-T", str(seconds), name],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     finally:
         with _admin_connect(url) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
@@ -292,7 +337,9 @@ def pgbench_tps(url: str, seconds: int, clients: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pg-url", required=True, help="benchmark database (wiped), e.g. postgres://…/qinglong_bench")
+    parser.add_argument(
+        "--pg-url", required=True, help="benchmark database (wiped), e.g. postgres://…/qinglong_bench"
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="measurement per (backlog, concurrency)")
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     args = parser.parse_args()
@@ -304,8 +351,10 @@ def main() -> int:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    print(f"claim benchmark on {urlsplit(args.pg_url).hostname}/{_dbname(args.pg_url)}: "
-          f"{args.seconds:g}s per point, claim (timed) → release (untimed) per loop, {os.cpu_count()} CPUs")
+    print(
+        f"claim benchmark on {urlsplit(args.pg_url).hostname}/{_dbname(args.pg_url)}: "
+        f"{args.seconds:g}s per point, claim (timed) → release (untimed) per loop, {os.cpu_count()} CPUs"
+    )
     figures: dict[tuple[int, int], Figures] = {}
     for backlog in BACKLOGS:
         print(f"backlog {backlog:,} pending runs", flush=True)
@@ -316,14 +365,19 @@ def main() -> int:
         for concurrency in CONCURRENCY:
             result = measure(claimers[:concurrency], args.seconds)
             figures[(backlog, concurrency)] = result
-            print(f"  c={concurrency:<2} claims/s {result.per_second:8.1f}   p50 {result.p50_ms:7.2f} ms   "
-                  f"p99 {result.p99_ms:7.2f} ms   ({result.claims} claims, {result.empty} empty)", flush=True)
+            print(
+                f"  c={concurrency:<2} claims/s {result.per_second:8.1f}   p50 {result.p50_ms:7.2f} ms   "
+                f"p99 {result.p99_ms:7.2f} ms   ({result.claims} claims, {result.empty} empty)",
+                flush=True,
+            )
     tps = pgbench_tps(args.pg_url, args.pgbench_seconds, max(CONCURRENCY))
     print(f"pgbench TPC-B-like, scale 10, {max(CONCURRENCY)} clients, {args.pgbench_seconds}s: {tps:.1f} tps")
     big, small = figures[(BACKLOGS[1], 16)], figures[(BACKLOGS[0], 16)]
-    print(f"claims_per_s_c16_{_label(BACKLOGS[1])}={big.per_second:.1f} "
-          f"claim_p99_ms_c16_{_label(BACKLOGS[1])}={big.p99_ms:.2f} "
-          f"claims_per_s_c16_{_label(BACKLOGS[0])}={small.per_second:.1f} pgbench_tps={tps:.1f}")
+    print(
+        f"claims_per_s_c16_{_label(BACKLOGS[1])}={big.per_second:.1f} "
+        f"claim_p99_ms_c16_{_label(BACKLOGS[1])}={big.p99_ms:.2f} "
+        f"claims_per_s_c16_{_label(BACKLOGS[0])}={small.per_second:.1f} pgbench_tps={tps:.1f}"
+    )
     return 0
 
 

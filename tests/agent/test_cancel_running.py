@@ -31,8 +31,9 @@ SLACK_SECONDS = 0.75
 
 def agent(state: Path, *args: str, **popen) -> subprocess.Popen:
     env = {**os.environ, "QINGLONG_WORKER_LOG_LEVEL": "INFO"}
-    return subprocess.Popen([sys.executable, "-m", "agent", "--state-dir", str(state), *args], cwd=ROOT, env=env,
-                            **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent", "--state-dir", str(state), *args], cwd=ROOT, env=env, **popen
+    )
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition", step: float = 0.05):
@@ -57,36 +58,57 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def test_cancel_during_running_kills_the_process_group_within_one_renew_interval(live_server, tmp_path,
-                                                                                 protocol_settings):
+def test_cancel_during_running_kills_the_process_group_within_one_renew_interval(
+    live_server, tmp_path, protocol_settings
+):
     # Heartbeats far apart, so that only the renew answer can carry the cancellation in time.
-    protocol_settings(RUN_LEASE_SECONDS=RUN_LEASE_SECONDS, SESSION_LEASE_SECONDS=120,
-                      HEARTBEAT_INTERVAL_SECONDS=60)
+    protocol_settings(
+        RUN_LEASE_SECONDS=RUN_LEASE_SECONDS, SESSION_LEASE_SECONDS=120, HEARTBEAT_INTERVAL_SECONDS=60
+    )
     worker = worker_services.worker_create(name="cancel-worker")
     issued = worker_services.enrollment_token_create(worker_id=worker.pk)
     state = tmp_path / "state"
-    enrolled = agent(state, "enroll", "--server", live_server.url, "--token", issued.token, "--worker", worker.name)
+    enrolled = agent(
+        state, "enroll", "--server", live_server.url, "--token", issued.token, "--worker", worker.name
+    )
     assert enrolled.wait(30) == 0
     # a shell that waits on a child: both must die, the whole group
-    run = enqueue(make_revision(command="sleep 300 & wait", timeout_seconds=600, max_attempts=3,
-                                retry_on=("failed",), lost_retry="idempotent"))
+    run = enqueue(
+        make_revision(
+            command="sleep 300 & wait",
+            timeout_seconds=600,
+            max_attempts=3,
+            retry_on=("failed",),
+            lost_retry="idempotent",
+        )
+    )
     process = agent(state, "run", "--poll-max", "1", "--drain-timeout", "10")
     try:
-        attempt = wait_for(lambda: RunAttempt.objects.filter(run=run, state="running", pid__isnull=False).first(),
-                           what="the attempt to run")
+        attempt = wait_for(
+            lambda: RunAttempt.objects.filter(run=run, state="running", pid__isnull=False).first(),
+            what="the attempt to run",
+        )
         pgid = attempt.pgid
         assert wait_for(lambda: len(group_members(pgid)) >= 2, what="the job and its child", timeout=10)
         renew_interval = RUN_LEASE_SECONDS // 2
         # The worst moment: right after a renewal, so the next renew answer is a full interval away.
         lease = RunDispatchLease.objects.get(attempt=attempt)
-        wait_for(lambda: RunDispatchLease.objects.get(pk=lease.pk).version > lease.version, step=0.01,
-                 timeout=renew_interval * 3, what="a renewal")
+        wait_for(
+            lambda: RunDispatchLease.objects.get(pk=lease.pk).version > lease.version,
+            step=0.01,
+            timeout=renew_interval * 3,
+            what="a renewal",
+        )
 
         result = run_services.run_cancel(run_id=run.pk, reason="stop it")
         cancelled_at = time.monotonic()
         assert result.status == "requested"
-        wait_for(lambda: not group_members(pgid), timeout=renew_interval * 3, step=0.02,
-                 what="the process group to die")
+        wait_for(
+            lambda: not group_members(pgid),
+            timeout=renew_interval * 3,
+            step=0.02,
+            what="the process group to die",
+        )
         killed_after = time.monotonic() - cancelled_at
         assert killed_after <= renew_interval + SLACK_SECONDS, killed_after
 

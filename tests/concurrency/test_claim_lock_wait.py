@@ -116,8 +116,13 @@ def test_a_claim_blocked_past_the_lock_timeout_fails_with_lock_timeout_and_write
             ticket = OfferTicket()
             api = SignedClient(Client(), worker)
             started = time.monotonic()
-            outcome["answer"] = api.post(wire.CLAIM, {**session.fence(), "offers": [
-                {"offerId": str(ticket.offer_id), "leaseToken": ticket.token}]})
+            outcome["answer"] = api.post(
+                wire.CLAIM,
+                {
+                    **session.fence(),
+                    "offers": [{"offerId": str(ticket.offer_id), "leaseToken": ticket.token}],
+                },
+            )
             outcome["waited"] = time.monotonic() - started
             short_lock_timeout()  # the failed request may have closed the connection
             with pytest.raises(DomainError) as service_level:

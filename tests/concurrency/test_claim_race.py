@@ -43,11 +43,26 @@ def _replica(index: int, sessions: list[tuple], barrier, results) -> None:
 
     def finish(position: int) -> None:
         _, lease = held.pop(position)
-        fence = {key: lease[key] for key in ("worker_id", "session_id", "generation", "attempt_id",
-                                              "lease_generation", "lease_token")}
+        fence = {
+            key: lease[key]
+            for key in (
+                "worker_id",
+                "session_id",
+                "generation",
+                "attempt_id",
+                "lease_generation",
+                "lease_token",
+            )
+        }
         services.lease_starting(**fence, offer_id=lease["offer_id"], lease_version=0)
-        services.lease_running(**fence, offer_id=lease["offer_id"], lease_version=0, pid=1000 + index,
-                               pgid=None, executor_handle=f"replica-{index}")
+        services.lease_running(
+            **fence,
+            offer_id=lease["offer_id"],
+            lease_version=0,
+            pid=1000 + index,
+            pgid=None,
+            executor_handle=f"replica-{index}",
+        )
         services.lease_complete(**fence, completion=services.Completion(1, "succeeded", 0))
         outcomes["finished"] += 1
 
@@ -60,8 +75,12 @@ def _replica(index: int, sessions: list[tuple], barrier, results) -> None:
             worker_id, session_id, generation = sessions[worker_index]
             offer_id, token = uuid7(), secrets.token_urlsafe(32)
             try:
-                offers = services.lease_claim(worker_id=worker_id, session_id=session_id, generation=generation,
-                                              offers=[services.OfferRequest(offer_id, token)])
+                offers = services.lease_claim(
+                    worker_id=worker_id,
+                    session_id=session_id,
+                    generation=generation,
+                    offers=[services.OfferRequest(offer_id, token)],
+                )
             except DomainError as exc:
                 outcomes[exc.code] += 1
                 if exc.code == "capacity_exhausted" and held:
@@ -72,11 +91,20 @@ def _replica(index: int, sessions: list[tuple], barrier, results) -> None:
                 continue
             claims += 1
             lease = offers[0].lease
-            held.append((worker_index, {
-                "worker_id": worker_id, "session_id": session_id, "generation": generation,
-                "attempt_id": lease.attempt_id, "lease_generation": lease.lease_generation, "lease_token": token,
-                "offer_id": offer_id,
-            }))
+            held.append(
+                (
+                    worker_index,
+                    {
+                        "worker_id": worker_id,
+                        "session_id": session_id,
+                        "generation": generation,
+                        "attempt_id": lease.attempt_id,
+                        "lease_generation": lease.lease_generation,
+                        "lease_token": token,
+                        "offer_id": offer_id,
+                    },
+                )
+            )
             mine = [position for position, (w, _) in enumerate(held) if w == worker_index]
             if len(mine) >= 2:
                 finish(mine[0])
@@ -116,7 +144,9 @@ def test_four_processes_claim_a_backlog_exactly_once_within_every_workers_capaci
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(PROCESSES)
     results = context.Queue()
-    children = [context.Process(target=_replica, args=(i, sessions, barrier, results)) for i in range(PROCESSES)]
+    children = [
+        context.Process(target=_replica, args=(i, sessions, barrier, results)) for i in range(PROCESSES)
+    ]
     for child in children:
         child.start()
     reports = [results.get(timeout=180) for _ in children]
@@ -132,7 +162,9 @@ def test_four_processes_claim_a_backlog_exactly_once_within_every_workers_capaci
     assert outcomes["capacity_exhausted"] > 0, "the race never met a full worker"
 
     # every attempt claimed exactly once: one lease each, no attempt left unclaimed
-    leases = list(RunDispatchLease.objects.values("attempt_id", "session_id", "claimed_at", "ended_at", "state"))
+    leases = list(
+        RunDispatchLease.objects.values("attempt_id", "session_id", "claimed_at", "ended_at", "state")
+    )
     per_attempt = Counter(lease["attempt_id"] for lease in leases)
     attempts = set(RunAttempt.objects.values_list("pk", flat=True))
     assert len(leases) == PROCESSES * CLAIMS_EACH

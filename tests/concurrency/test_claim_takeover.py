@@ -33,7 +33,9 @@ def test_exactly_one_of_three_racing_workers_takes_over_a_lapsed_lease(protocol_
     assert (taken.attempt_id, taken.lease_generation) == (stale.attempt_id, 2)
     leases = RunDispatchLease.objects.filter(attempt_id=stale.attempt_id).order_by("lease_generation")
     assert [(lease.lease_generation, lease.state, lease.release_reason) for lease in leases] == [
-        (1, "released", "dispatch_timeout"), (2, "leased", "")]
+        (1, "released", "dispatch_timeout"),
+        (2, "leased", ""),
+    ]
     attempt = RunAttempt.objects.get(pk=stale.attempt_id)
     assert (attempt.number, attempt.state, attempt.session_id) == (1, "claimed", taken.session.session_id)
     assert Run.objects.get(pk=run.pk).attempt_count == 1

@@ -37,8 +37,10 @@ def test_identical_completions_racing_record_one_result_and_answer_alike(running
 
 def test_conflicting_completions_racing_have_exactly_one_winner(running):
     held, run = running
-    results = race(lambda: complete(held, outcome="succeeded", exit_code=0),
-                   lambda: complete(held, outcome="failed", exit_code=9))
+    results = race(
+        lambda: complete(held, outcome="succeeded", exit_code=0),
+        lambda: complete(held, outcome="failed", exit_code=9),
+    )
     winners = [value for kind, value in results if kind == "ok"]
     losers = [value for kind, value in results if kind == "error"]
     assert len(winners) == 1 and len(losers) == 1, results

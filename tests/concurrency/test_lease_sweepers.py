@@ -42,4 +42,3 @@ def test_three_sweepers_settle_each_lapsed_lease_exactly_once():
     assert Counter(RunAttempt.objects.values_list("state", flat=True)) == {"lost": 4, "claimed": 4}
     assert Event.objects.filter(kind="run.retry_wait").count() == 4
     assert run_services.sweep_due_retries() == 0
-

@@ -40,7 +40,9 @@ class Held:
         return {**base, **changes}
 
     def lease(self) -> RunDispatchLease:
-        return RunDispatchLease.objects.get(attempt_id=self.attempt_id, lease_generation=self.lease_generation)
+        return RunDispatchLease.objects.get(
+            attempt_id=self.attempt_id, lease_generation=self.lease_generation
+        )
 
     def attempt(self) -> RunAttempt:
         return RunAttempt.objects.get(pk=self.attempt_id)
@@ -49,13 +51,21 @@ class Held:
 def claim(session: Session, count: int = 1) -> list[Held]:
     tickets = [OfferTicket() for _ in range(count)]
     offers = services.lease_claim(
-        worker_id=session.worker.worker_id, session_id=session.session_id, generation=session.generation,
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
         offers=[services.OfferRequest(t.offer_id, t.token) for t in tickets],
     )
     by_offer = {t.offer_id: t for t in tickets}
     return [
-        Held(session, by_offer[o.lease.offer_id], o.lease.attempt_id, o.lease.lease_generation, o.lease.version,
-             o.execution)
+        Held(
+            session,
+            by_offer[o.lease.offer_id],
+            o.lease.attempt_id,
+            o.lease.lease_generation,
+            o.lease.version,
+            o.execution,
+        )
         for o in offers
     ]
 
@@ -67,12 +77,20 @@ def claim_one(session: Session) -> Held:
 
 
 def starting(held: Held) -> services.AckResult:
-    return services.lease_starting(**held.fence(), offer_id=held.ticket.offer_id, lease_version=held.lease_version)
+    return services.lease_starting(
+        **held.fence(), offer_id=held.ticket.offer_id, lease_version=held.lease_version
+    )
 
 
 def running(held: Held, pid: int = 4242) -> services.AckResult:
-    return services.lease_running(**held.fence(), offer_id=held.ticket.offer_id, lease_version=held.lease_version,
-                                  pid=pid, pgid=pid, executor_handle=f"pid={pid} pgid={pid}")
+    return services.lease_running(
+        **held.fence(),
+        offer_id=held.ticket.offer_id,
+        lease_version=held.lease_version,
+        pid=pid,
+        pgid=pid,
+        executor_handle=f"pid={pid} pgid={pid}",
+    )
 
 
 def start(held: Held, pid: int = 4242) -> Held:
@@ -92,14 +110,18 @@ def release(held: Held) -> services.AckResult:
     return services.lease_release(**held.fence(), lease_version=held.lease_version)
 
 
-def completion(outcome: str = "succeeded", exit_code: int | None = 0, sequence: int = 1,
-               stdout: str = "ok\n") -> services.Completion:
+def completion(
+    outcome: str = "succeeded", exit_code: int | None = 0, sequence: int = 1, stdout: str = "ok\n"
+) -> services.Completion:
     return services.Completion(sequence=sequence, outcome=outcome, exit_code=exit_code, stdout_tail=stdout)
 
 
-def complete(held: Held, outcome: str = "succeeded", exit_code: int | None = 0, sequence: int = 1,
-             stdout: str = "ok\n") -> services.CompletionResult:
-    return services.lease_complete(**held.fence(), completion=completion(outcome, exit_code, sequence, stdout))
+def complete(
+    held: Held, outcome: str = "succeeded", exit_code: int | None = 0, sequence: int = 1, stdout: str = "ok\n"
+) -> services.CompletionResult:
+    return services.lease_complete(
+        **held.fence(), completion=completion(outcome, exit_code, sequence, stdout)
+    )
 
 
 def expire_lease(attempt_id, seconds_ago: float = 1.0) -> None:
@@ -113,5 +135,7 @@ def expire_lease(attempt_id, seconds_ago: float = 1.0) -> None:
 
 def make_retry_due(run_id) -> None:
     """Bring a retry_wait run's absolute next-attempt time to the database's now."""
-    changed = Run.objects.filter(pk=run_id, state="retry_wait").update(next_attempt_at=db_now() - timedelta(seconds=1))
+    changed = Run.objects.filter(pk=run_id, state="retry_wait").update(
+        next_attempt_at=db_now() - timedelta(seconds=1)
+    )
     assert changed == 1, "the run is not waiting for a retry"

@@ -18,8 +18,12 @@ pytestmark = pytest.mark.django_db
 
 
 def rows():
-    return (list(RunDispatchLease.objects.order_by("pk").values()), list(RunAttempt.objects.order_by("pk").values()),
-            list(Run.objects.order_by("pk").values()), Event.objects.count())
+    return (
+        list(RunDispatchLease.objects.order_by("pk").values()),
+        list(RunAttempt.objects.order_by("pk").values()),
+        list(Run.objects.order_by("pk").values()),
+        Event.objects.count(),
+    )
 
 
 @pytest.fixture
@@ -51,7 +55,11 @@ def test_running_records_the_handle_and_a_different_handle_is_refused(held):
     assert answer.status == "running"
     attempt = held.attempt()
     assert (attempt.state, attempt.pid, attempt.pgid, attempt.executor_handle) == (
-        "running", 777, 777, "pid=777 pgid=777")
+        "running",
+        777,
+        777,
+        "pid=777 pgid=777",
+    )
     assert Run.objects.get(pk=run.pk).state == "running"
     assert attempt.started_at == held.lease().running_at
     before = rows()
@@ -94,7 +102,12 @@ def test_dispatch_timeout_returns_the_attempt_to_the_queue_without_consuming_a_t
     lease = held.lease()
     assert (lease.state, lease.release_reason) == ("released", "dispatch_timeout")
     attempt = held.attempt()
-    assert (attempt.state, attempt.number, attempt.lease_expires_at, attempt.session_id) == ("claimed", 1, None, None)
+    assert (attempt.state, attempt.number, attempt.lease_expires_at, attempt.session_id) == (
+        "claimed",
+        1,
+        None,
+        None,
+    )
     run.refresh_from_db()
     assert (run.state, run.attempt_count) == ("dispatching", 1)
     before = rows()
@@ -107,19 +120,23 @@ def test_dispatch_timeout_returns_the_attempt_to_the_queue_without_consuming_a_t
 def test_start_failure_ends_the_attempt_and_retries_per_policy_and_replays_exactly(held):
     held, run = held
     starting(held)
-    answer = services.lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0,
-                                         reason="executor_start_failed")
+    answer = services.lease_start_failed(
+        **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="executor_start_failed"
+    )
     assert answer.status == "start_failed"
     lease = held.lease()
     assert (lease.state, lease.version, lease.completion_outcome) == ("completed", 1, "failed")
     assert held.attempt().state == "failed" and held.attempt().outcome_reason == "executor_start_failed"
     assert Run.objects.get(pk=run.pk).state == "retry_wait"
     before = rows()
-    again = services.lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0,
-                                        reason="executor_start_failed")
+    again = services.lease_start_failed(
+        **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="executor_start_failed"
+    )
     assert again.status == "start_failed"
     with pytest.raises(DomainError) as other:
-        services.lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="timed_out")
+        services.lease_start_failed(
+            **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="timed_out"
+        )
     assert other.value.code == "lease_completed"
     assert rows() == before
 
@@ -129,12 +146,16 @@ def test_a_cancelled_start_failure_needs_a_cancel_request(held):
     starting(held)
     before = rows()
     with pytest.raises(DomainError) as refused:
-        services.lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled")
+        services.lease_start_failed(
+            **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled"
+        )
     assert (refused.value.code, refused.value.field) == ("cancel_not_requested", "reason")
     assert rows() == before
     run_services.run_cancel(run_id=run.pk)
     assert starting(held).cancel_requested is True
-    services.lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled")
+    services.lease_start_failed(
+        **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled"
+    )
     run.refresh_from_db()
     assert (run.state, held.attempt().state, held.lease().state) == ("cancelled", "cancelled", "completed")
 
@@ -143,8 +164,9 @@ def test_start_failure_after_running_is_refused(held):
     held, _ = held
     start(held)
     with pytest.raises(DomainError) as refused:
-        services.lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0,
-                                    reason="executor_start_failed")
+        services.lease_start_failed(
+            **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="executor_start_failed"
+        )
     assert refused.value.code == "attempt_already_started"
 
 

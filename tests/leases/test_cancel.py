@@ -20,9 +20,13 @@ RETRYING = dict(max_attempts=3, retry_on=("failed", "timed_out"), lost_retry="id
 
 
 def heartbeat_cancels(session) -> tuple:
-    view = worker_services.session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
-                                             generation=session.generation, expected_version=session.version,
-                                             available_slots=2)  # unchanged: a pure read
+    view = worker_services.session_heartbeat(
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
+        expected_version=session.version,
+        available_slots=2,
+    )  # unchanged: a pure read
     return view.cancel_requested
 
 
@@ -35,7 +39,9 @@ def test_a_dispatched_attempt_learns_it_at_its_starting_ack_and_from_heartbeats(
     assert Run.objects.get(pk=run.pk).state == "dispatching"  # a live lease: the worker must hear it
     assert heartbeat_cancels(session) == (held.attempt_id,)
     assert starting(held).cancel_requested is True
-    services.lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled")
+    services.lease_start_failed(
+        **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled"
+    )
     run.refresh_from_db()
     assert (run.state, held.attempt().state, held.lease().state) == ("cancelled", "cancelled", "completed")
     assert RunAttempt.objects.filter(run=run).count() == 1
@@ -51,7 +57,11 @@ def test_a_running_attempt_learns_it_from_renew_and_its_cancelled_completion_end
     assert heartbeat_cancels(session) == (held.attempt_id,)
     complete(held, outcome="cancelled", exit_code=None)
     run.refresh_from_db()
-    assert (run.state, run.error_class, run.cancel_reason) == ("cancelled", "cancelled_by_user", "operator said so")
+    assert (run.state, run.error_class, run.cancel_reason) == (
+        "cancelled",
+        "cancelled_by_user",
+        "operator said so",
+    )
     assert RunAttempt.objects.filter(run=run).count() == 1
 
 
@@ -64,7 +74,10 @@ def test_a_dispatched_attempt_whose_worker_vanished_is_cancelled_at_the_dispatch
     assert services.sweep_expired_leases() == 1
     run.refresh_from_db()
     assert (run.state, held.attempt().state, held.lease().release_reason) == (
-        "cancelled", "cancelled", "dispatch_timeout")
+        "cancelled",
+        "cancelled",
+        "dispatch_timeout",
+    )
 
 
 def test_cancelling_a_claimed_attempt_whose_lease_lapsed_unswept_cancels_it_at_once():

@@ -9,11 +9,11 @@ from audit.models import Event
 from leases import services
 from leases.models import RunDispatchLease
 from protocol.ids import uuid7
+from qinglong.db import db_now
 from qinglong.errors import DomainError
 from runs import services as run_services
 from runs.models import Run, RunAttempt
 from runs.selectors import dispatch_queue_page
-from qinglong.db import db_now
 from tests.helpers import OfferTicket, enqueue, enrolled_worker, make_revision, register, snapshot
 from tests.leases.flows import claim, claim_one, expire_lease, starting
 from workers import services as worker_services
@@ -26,13 +26,21 @@ def offer(ticket: OfferTicket) -> services.OfferRequest:
 
 
 def claim_raw(session, *tickets: OfferTicket):
-    return services.lease_claim(worker_id=session.worker.worker_id, session_id=session.session_id,
-                                generation=session.generation, offers=[offer(t) for t in tickets])
+    return services.lease_claim(
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
+        offers=[offer(t) for t in tickets],
+    )
 
 
 def rows():
-    return (list(RunDispatchLease.objects.order_by("pk").values()), list(RunAttempt.objects.order_by("pk").values()),
-            list(Run.objects.order_by("pk").values()), Event.objects.count())
+    return (
+        list(RunDispatchLease.objects.order_by("pk").values()),
+        list(RunAttempt.objects.order_by("pk").values()),
+        list(Run.objects.order_by("pk").values()),
+        Event.objects.count(),
+    )
 
 
 def test_a_claim_writes_the_lease_the_projection_and_the_dispatching_run():
@@ -42,26 +50,44 @@ def test_a_claim_writes_the_lease_the_projection_and_the_dispatching_run():
     [answer] = claim_raw(session, ticket)
     assert answer.status == "claimed"
     lease = RunDispatchLease.objects.get()
-    assert (lease.state, lease.lease_generation, lease.version, lease.session_generation) == ("leased", 1, 0, 1)
+    assert (lease.state, lease.lease_generation, lease.version, lease.session_generation) == (
+        "leased",
+        1,
+        0,
+        1,
+    )
     assert lease.offer_id == ticket.offer_id and ticket.token not in lease.token_digest
     assert (lease.expires_at - lease.claimed_at).total_seconds() == pytest.approx(30)  # dispatch timeout
     attempt = RunAttempt.objects.get(run=run)
     assert attempt.state == "claimed"  # a claim is not a start
     assert (attempt.lease_generation, attempt.lease_expires_at, attempt.session_id) == (
-        1, lease.expires_at, session.session_id)
+        1,
+        lease.expires_at,
+        session.session_id,
+    )
     assert Run.objects.get(pk=run.pk).state == "dispatching"
     spec = answer.execution
     assert (spec["command"], spec["timeoutSeconds"], spec["attemptNumber"], spec["runId"]) == (
-        "echo hi", 9, 1, str(run.pk))
+        "echo hi",
+        9,
+        1,
+        str(run.pk),
+    )
     assert answer.renew_interval_seconds == 15
-    assert [k for k in Event.objects.filter(run_id=run.pk).values_list("kind", flat=True).order_by("id")][-2:] == [
-        "run.dispatching", "lease.claimed"]
+    assert [k for k in Event.objects.filter(run_id=run.pk).values_list("kind", flat=True).order_by("id")][
+        -2:
+    ] == ["run.dispatching", "lease.claimed"]
 
 
 def test_claims_follow_priority_then_fifo_then_id():
     session = register(enrolled_worker(), max_concurrent=4)
     revision = make_revision()
-    low, first, second, high = enqueue(revision, -5), enqueue(revision), enqueue(revision), enqueue(revision, 9)
+    low, first, second, high = (
+        enqueue(revision, -5),
+        enqueue(revision),
+        enqueue(revision),
+        enqueue(revision, 9),
+    )
     order = [Run.objects.get(pk=RunAttempt.objects.get(pk=h.attempt_id).run_id).pk for h in claim(session, 4)]
     assert order == [high.pk, first.pk, second.pk, low.pk]
 
@@ -95,7 +121,10 @@ def test_a_replayed_offer_rebuilds_the_same_answer_and_writes_nothing():
     [again] = claim_raw(session, ticket)
     assert again.status == "idempotent" and again.execution == first.execution
     assert (again.lease.pk, again.lease.version, again.lease.expires_at) == (
-        first.lease.pk, first.lease.version, first.lease.expires_at)
+        first.lease.pk,
+        first.lease.version,
+        first.lease.expires_at,
+    )
     assert rows() == before
 
 
@@ -233,10 +262,15 @@ def test_a_claim_of_an_unknown_worker_or_session_is_refused():
     session = register(enrolled_worker())
     enqueue(make_revision())
     with pytest.raises(DomainError) as unknown:
-        services.lease_claim(worker_id=uuid7(), session_id=session.session_id, generation=1,
-                             offers=[offer(OfferTicket())])
+        services.lease_claim(
+            worker_id=uuid7(), session_id=session.session_id, generation=1, offers=[offer(OfferTicket())]
+        )
     assert unknown.value.code == "worker_not_found"
     with pytest.raises(DomainError) as other:
-        services.lease_claim(worker_id=session.worker.worker_id, session_id=uuid7(), generation=1,
-                             offers=[offer(OfferTicket())])
+        services.lease_claim(
+            worker_id=session.worker.worker_id,
+            session_id=uuid7(),
+            generation=1,
+            offers=[offer(OfferTicket())],
+        )
     assert other.value.code == "session_unknown"

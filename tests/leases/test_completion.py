@@ -18,8 +18,12 @@ pytestmark = pytest.mark.django_db
 
 
 def rows():
-    return (list(RunDispatchLease.objects.order_by("pk").values()), list(RunAttempt.objects.order_by("pk").values()),
-            list(Run.objects.order_by("pk").values()), Event.objects.count())
+    return (
+        list(RunDispatchLease.objects.order_by("pk").values()),
+        list(RunAttempt.objects.order_by("pk").values()),
+        list(Run.objects.order_by("pk").values()),
+        Event.objects.count(),
+    )
 
 
 def running_attempt(**policy):
@@ -34,7 +38,11 @@ def test_completion_commits_lease_attempt_run_and_events_together():
     assert (result.outcome, result.sequence, result.lease_generation) == ("succeeded", 1, 1)
     lease = held.lease()
     assert (lease.state, lease.version, lease.completion_sequence, lease.completion_outcome) == (
-        "completed", 1, 1, "succeeded")
+        "completed",
+        1,
+        1,
+        "succeeded",
+    )
     attempt = held.attempt()
     assert (attempt.state, attempt.exit_code, attempt.stdout_tail) == ("succeeded", 0, "hello\n")
     run.refresh_from_db()
@@ -56,11 +64,14 @@ def test_an_identical_resend_is_an_exact_replay_and_anything_else_is_a_409():
     assert rows() == before
 
 
-@pytest.mark.parametrize(("outcome", "exit_code", "run_state", "error_class"), [
-    ("failed", 3, "failed", "exit_code"),
-    ("timed_out", None, "timed_out", "timeout"),
-    ("cancelled", None, "cancelled", "cancelled"),
-])
+@pytest.mark.parametrize(
+    ("outcome", "exit_code", "run_state", "error_class"),
+    [
+        ("failed", 3, "failed", "exit_code"),
+        ("timed_out", None, "timed_out", "timeout"),
+        ("cancelled", None, "cancelled", "cancelled"),
+    ],
+)
 def test_each_outcome_ends_the_run_when_no_retry_applies(outcome, exit_code, run_state, error_class):
     held, run = running_attempt()
     complete(held, outcome=outcome, exit_code=exit_code)
@@ -97,10 +108,13 @@ def test_completing_before_the_running_ack_is_refused():
     assert rows() == before
 
 
-@pytest.mark.parametrize(("changes", "field"), [
-    (dict(outcome="succeeded", exit_code=1), "exitCode"),
-    (dict(outcome="lost", exit_code=None), "outcome"),
-])
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        (dict(outcome="succeeded", exit_code=1), "exitCode"),
+        (dict(outcome="lost", exit_code=None), "outcome"),
+    ],
+)
 def test_an_impossible_completion_is_refused_naming_the_field(changes, field):
     held, _ = running_attempt()
     before = rows()

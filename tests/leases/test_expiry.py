@@ -36,8 +36,12 @@ def _any_worker_may_take_a_fresh_attempt(protocol_settings):
 
 
 def rows():
-    return (list(RunDispatchLease.objects.order_by("pk").values()), list(RunAttempt.objects.order_by("pk").values()),
-            list(Run.objects.order_by("pk").values()), Event.objects.count())
+    return (
+        list(RunDispatchLease.objects.order_by("pk").values()),
+        list(RunAttempt.objects.order_by("pk").values()),
+        list(Run.objects.order_by("pk").values()),
+        Event.objects.count(),
+    )
 
 
 def count(run, *kinds) -> int:
@@ -52,8 +56,11 @@ def lose(held) -> None:
 
 def test_a_lost_attempt_waits_then_runs_again_as_attempt_2_on_a_fresh_lease():
     a, b = register(enrolled_worker()), register(enrolled_worker())
-    run = enqueue(make_revision(max_attempts=2, lost_retry="idempotent", retry_backoff_seconds=20,
-                                retry_backoff_max_seconds=20))
+    run = enqueue(
+        make_revision(
+            max_attempts=2, lost_retry="idempotent", retry_backoff_seconds=20, retry_backoff_max_seconds=20
+        )
+    )
     first = start(claim_one(a), pid=101)
     lose(first)
     lease = first.lease()
@@ -70,7 +77,11 @@ def test_a_lost_attempt_waits_then_runs_again_as_attempt_2_on_a_fresh_lease():
     second = claim_one(b)
     attempt = second.attempt()
     assert (attempt.number, second.lease_generation, attempt.worker_id, attempt.pid) == (
-        2, 1, b.worker.worker_id, None)
+        2,
+        1,
+        b.worker.worker_id,
+        None,
+    )
     start(second, pid=202)
     complete(second)
     run.refresh_from_db()
@@ -96,7 +107,9 @@ def test_two_lost_attempts_of_two_fail_the_run_with_nothing_leased_and_one_termi
     run.refresh_from_db()
     assert (run.state, run.error_class, run.attempt_count) == ("failed", "worker_lost", 2)
     assert list(RunAttempt.objects.filter(run=run).order_by("number").values_list("state", flat=True)) == [
-        "lost", "lost"]
+        "lost",
+        "lost",
+    ]
     assert not RunDispatchLease.objects.filter(run=run, state="leased").exists()
     assert count(run, *TERMINAL_EVENTS) == 1 and count(run, "run.failed") == 1 and count(run, "run.lost") == 2
     assert (run_cycle().retries_queued, RunAttempt.objects.filter(run=run).count()) == (0, 2)
@@ -221,8 +234,11 @@ def test_the_expiry_sweep_works_in_bounded_batches(protocol_settings):
         enqueue(revision)
     for held in claim(session, 3):
         expire_lease(held.attempt_id)
-    assert [services.sweep_expired_leases(), services.sweep_expired_leases(), services.sweep_expired_leases()] == [
-        2, 1, 0]
+    assert [
+        services.sweep_expired_leases(),
+        services.sweep_expired_leases(),
+        services.sweep_expired_leases(),
+    ] == [2, 1, 0]
     assert set(RunDispatchLease.objects.values_list("release_reason", flat=True)) == {"dispatch_timeout"}
 
 
@@ -253,7 +269,11 @@ def two_leases():
 
 def _assert_settled(started, unstarted, reason):
     (held, run), (waiting, waiting_run) = started, unstarted
-    assert (held.lease().state, held.lease().release_reason, held.attempt().state) == ("released", reason, "lost")
+    assert (held.lease().state, held.lease().release_reason, held.attempt().state) == (
+        "released",
+        reason,
+        "lost",
+    )
     assert Run.objects.get(pk=run.pk).state == "retry_wait"
     assert (waiting.lease().state, waiting.lease().release_reason) == ("released", reason)
     assert (waiting.attempt().state, waiting.attempt().session_id) == ("claimed", None)
@@ -280,17 +300,29 @@ def test_a_revoked_worker_loses_its_started_attempt_which_is_retried_elsewhere(t
 def test_a_forced_offline_session_settles_its_leases(two_leases):
     worker, session, started, unstarted = two_leases
     with pytest.raises(DomainError) as refused:
-        worker_services.session_offline(worker_id=worker.worker_id, session_id=session.session_id,
-                                        generation=1, expected_version=session.version)
+        worker_services.session_offline(
+            worker_id=worker.worker_id,
+            session_id=session.session_id,
+            generation=1,
+            expected_version=session.version,
+        )
     assert refused.value.code == "session_has_active_leases"
-    worker_services.session_offline(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                    expected_version=session.version, force=True, actor_type="operator")
+    worker_services.session_offline(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        expected_version=session.version,
+        force=True,
+        actor_type="operator",
+    )
     _assert_settled(started, unstarted, "session_offline")
 
 
 def test_an_expired_session_settles_its_leases(two_leases):
     _, session, started, unstarted = two_leases
-    WorkerSession.objects.filter(pk=session.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    WorkerSession.objects.filter(pk=session.session_id).update(
+        lease_expires_at=db_now() - timedelta(seconds=1)
+    )
     assert run_cycle().sessions_expired == 1
     _assert_settled(started, unstarted, "session_expired")
 

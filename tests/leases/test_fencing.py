@@ -25,25 +25,50 @@ ENDPOINTS = ["claim", "starting", "running", "start_failed", "renew", "release",
 
 
 def rows():
-    return (list(RunDispatchLease.objects.order_by("pk").values()), list(RunAttempt.objects.order_by("pk").values()),
-            list(Run.objects.order_by("pk").values()), list(WorkerSession.objects.order_by("pk").values()),
-            Event.objects.count())
+    return (
+        list(RunDispatchLease.objects.order_by("pk").values()),
+        list(RunAttempt.objects.order_by("pk").values()),
+        list(Run.objects.order_by("pk").values()),
+        list(WorkerSession.objects.order_by("pk").values()),
+        Event.objects.count(),
+    )
 
 
-def body(endpoint: str, *, session_id, generation: int, attempt_id, lease_generation: int, token: str,
-         offer_id, version: int) -> tuple[str, dict]:
+def body(
+    endpoint: str,
+    *,
+    session_id,
+    generation: int,
+    attempt_id,
+    lease_generation: int,
+    token: str,
+    offer_id,
+    version: int,
+) -> tuple[str, dict]:
     fence = {"sessionId": str(session_id), "generation": generation}
     lease = {**fence, "attemptId": str(attempt_id), "leaseGeneration": lease_generation, "leaseToken": token}
     ack = {**lease, "offerId": str(offer_id), "leaseVersion": version}
     return {
         "claim": (wire.CLAIM, {**fence, "offers": [{"offerId": str(offer_id), "leaseToken": token}]}),
         "starting": (wire.LEASE_STARTING, ack),
-        "running": (wire.LEASE_RUNNING, {**ack, "pid": 4242, "pgid": 4242, "executorHandle": "pid=4242 pgid=4242"}),
+        "running": (
+            wire.LEASE_RUNNING,
+            {**ack, "pid": 4242, "pgid": 4242, "executorHandle": "pid=4242 pgid=4242"},
+        ),
         "start_failed": (wire.LEASE_START_FAILED, {**ack, "reason": "executor_start_failed"}),
         "renew": (wire.LEASE_RENEW, {**lease, "leaseVersion": version}),
         "release": (wire.LEASE_RELEASE, {**lease, "leaseVersion": version}),
-        "complete": (wire.LEASE_COMPLETE, {**lease, "sequence": 1, "outcome": "succeeded", "exitCode": 0,
-                                           "stdoutTail": "", "stderrTail": ""}),
+        "complete": (
+            wire.LEASE_COMPLETE,
+            {
+                **lease,
+                "sequence": 1,
+                "outcome": "succeeded",
+                "exitCode": 0,
+                "stdoutTail": "",
+                "stderrTail": "",
+            },
+        ),
     }[endpoint]
 
 
@@ -60,22 +85,37 @@ def world(client, protocol_settings):
     other_session = register(other_worker)
     other = start(claim_one(other_session))
     return {
-        "api": SignedClient(client, worker), "other_api": SignedClient(client, other_worker), "worker": worker,
-        "session": session, "held": held, "other_session": other_session, "other": other,
+        "api": SignedClient(client, worker),
+        "other_api": SignedClient(client, other_worker),
+        "worker": worker,
+        "session": session,
+        "held": held,
+        "other_session": other_session,
+        "other": other,
     }
 
 
 def _args(world, **changes):
     held = world["held"]
-    args = dict(session_id=held.session.session_id, generation=held.session.generation, attempt_id=held.attempt_id,
-                lease_generation=held.lease_generation, token=held.ticket.token, offer_id=held.ticket.offer_id,
-                version=held.lease_version)
+    args = dict(
+        session_id=held.session.session_id,
+        generation=held.session.generation,
+        attempt_id=held.attempt_id,
+        lease_generation=held.lease_generation,
+        token=held.ticket.token,
+        offer_id=held.ticket.offer_id,
+        version=held.lease_version,
+    )
     return {**args, **changes}
 
 
 def fault_wrong_token(world):
-    return world["api"], _args(world, token=secrets.token_urlsafe(32)), {
-        "claim": "lease_offer_conflict"}.get, "lease_token_mismatch"
+    return (
+        world["api"],
+        _args(world, token=secrets.token_urlsafe(32)),
+        {"claim": "lease_offer_conflict"}.get,
+        "lease_token_mismatch",
+    )
 
 
 def fault_superseded_session(world):
@@ -89,15 +129,21 @@ def fault_other_generation(world):
 
 def fault_expired_session(world):
     WorkerSession.objects.filter(pk=world["session"].session_id).update(
-        lease_expires_at=db_now() - timedelta(seconds=1))
+        lease_expires_at=db_now() - timedelta(seconds=1)
+    )
     return world["api"], _args(world), {}.get, "session_expired"
 
 
 def fault_offline_session(world):
     session = world["session"]
-    worker_services.session_offline(worker_id=session.worker.worker_id, session_id=session.session_id,
-                                    generation=1, expected_version=session.version, force=True,
-                                    actor_type="operator")
+    worker_services.session_offline(
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        expected_version=session.version,
+        force=True,
+        actor_type="operator",
+    )
     return world["api"], _args(world), {}.get, "session_offline"
 
 
@@ -116,8 +162,14 @@ def fault_old_lease_generation(world):
     release(fresh)
     again = claim_one(session)
     assert again.attempt_id == fresh.attempt_id and again.lease_generation == 2
-    args = _args(world, attempt_id=fresh.attempt_id, lease_generation=1, token=fresh.ticket.token,
-                 offer_id=fresh.ticket.offer_id, version=0)
+    args = _args(
+        world,
+        attempt_id=fresh.attempt_id,
+        lease_generation=1,
+        token=fresh.ticket.token,
+        offer_id=fresh.ticket.offer_id,
+        version=0,
+    )
     return world["api"], args, {}.get, "lease_released"
 
 
@@ -131,19 +183,32 @@ def fault_revoked_worker(world):
     return world["api"], _args(world), {}.get, "credential_revoked"
 
 
-FAULTS = [fault_wrong_token, fault_superseded_session, fault_other_generation, fault_expired_session,
-          fault_offline_session, fault_another_workers_lease, fault_old_lease_generation, fault_lapsed_lease,
-          fault_revoked_worker]
+FAULTS = [
+    fault_wrong_token,
+    fault_superseded_session,
+    fault_other_generation,
+    fault_expired_session,
+    fault_offline_session,
+    fault_another_workers_lease,
+    fault_old_lease_generation,
+    fault_lapsed_lease,
+    fault_revoked_worker,
+]
 
 
 # Offer ids are per worker: another worker replaying this worker's offer id is simply a new
 # claim of its own, not a path into this worker's lease.
-CASES = [(endpoint, fault) for fault in FAULTS for endpoint in ENDPOINTS
-         if not (endpoint == "claim" and fault is fault_another_workers_lease)]
+CASES = [
+    (endpoint, fault)
+    for fault in FAULTS
+    for endpoint in ENDPOINTS
+    if not (endpoint == "claim" and fault is fault_another_workers_lease)
+]
 
 
-@pytest.mark.parametrize(("endpoint", "fault"), CASES,
-                         ids=[f"{e}-{f.__name__.removeprefix('fault_')}" for e, f in CASES])
+@pytest.mark.parametrize(
+    ("endpoint", "fault"), CASES, ids=[f"{e}-{f.__name__.removeprefix('fault_')}" for e, f in CASES]
+)
 def test_every_stale_path_is_refused_and_writes_nothing(world, endpoint, fault):
     api, args, override, expected = fault(world)
     code = override(endpoint, expected)

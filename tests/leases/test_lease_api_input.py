@@ -20,14 +20,21 @@ def api(client):
     session = register(worker)
     enqueue(make_revision()), enqueue(make_revision())
     held = start(claim_one(session))
-    lease = {**session.fence(), "attemptId": str(held.attempt_id), "leaseGeneration": 1,
-             "leaseToken": held.ticket.token}
+    lease = {
+        **session.fence(),
+        "attemptId": str(held.attempt_id),
+        "leaseGeneration": 1,
+        "leaseToken": held.ticket.token,
+    }
     return SignedClient(client, worker), session, held, lease
 
 
 def snapshot():
-    return (list(RunDispatchLease.objects.order_by("pk").values()), list(RunAttempt.objects.order_by("pk").values()),
-            Event.objects.count())
+    return (
+        list(RunDispatchLease.objects.order_by("pk").values()),
+        list(RunAttempt.objects.order_by("pk").values()),
+        Event.objects.count(),
+    )
 
 
 def _cases(session, held, lease):
@@ -36,11 +43,21 @@ def _cases(session, held, lease):
     ack = {**lease, "offerId": str(held.ticket.offer_id), "leaseVersion": 0}
     done = {**lease, "sequence": 1, "outcome": "succeeded", "exitCode": 0}
     return [
-        (wire.CLAIM, {**session.fence(), "offers": [offer, {**offer, "leaseToken": OfferTicket().token}]},
-         "offers[1].offerId"),
-        (wire.CLAIM, {**session.fence(), "offers": [offer, {**offer, "offerId": str(OfferTicket().offer_id)}]},
-         "offers[1].leaseToken"),
-        (wire.CLAIM, {**session.fence(), "offers": [{**offer, "leaseToken": "too-short"}]}, "offers[0].leaseToken"),
+        (
+            wire.CLAIM,
+            {**session.fence(), "offers": [offer, {**offer, "leaseToken": OfferTicket().token}]},
+            "offers[1].offerId",
+        ),
+        (
+            wire.CLAIM,
+            {**session.fence(), "offers": [offer, {**offer, "offerId": str(OfferTicket().offer_id)}]},
+            "offers[1].leaseToken",
+        ),
+        (
+            wire.CLAIM,
+            {**session.fence(), "offers": [{**offer, "leaseToken": "too-short"}]},
+            "offers[0].leaseToken",
+        ),
         (wire.CLAIM, {**session.fence(), "offers": [offer] * 9}, "offers"),
         (wire.CLAIM, {**session.fence(), "offers": []}, "offers"),
         (wire.CLAIM, {**session.fence(), "offers": [{**offer, "extra": 1}]}, "offers[0].extra"),

@@ -31,8 +31,8 @@ def database_url() -> str:
     if connection.vendor == "sqlite":
         return f"sqlite:///{Path(settings['NAME']).resolve()}"
     password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
-    return (f"postgres://{settings['USER']}{password}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}"
-            f"/{settings['NAME']}")
+    host, port = settings["HOST"] or "127.0.0.1", settings["PORT"] or 5432
+    return f"postgres://{settings['USER']}{password}@{host}:{port}/{settings['NAME']}"
 
 
 @pytest.mark.redis
@@ -61,9 +61,24 @@ def test_celery_beat_settles_a_lapsed_lease(redis_url, tmp_path):
     log = tmp_path / "celery.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "qinglong", "worker", "--beat", "--pool=solo", "--loglevel=INFO",
-             f"--schedule={tmp_path / 'beat-schedule'}", "-Q", env["QINGLONG_CELERY_QUEUE"]],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "qinglong",
+                "worker",
+                "--beat",
+                "--pool=solo",
+                "--loglevel=INFO",
+                f"--schedule={tmp_path / 'beat-schedule'}",
+                "-Q",
+                env["QINGLONG_CELERY_QUEUE"],
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         try:
             deadline = time.monotonic() + 60

@@ -22,7 +22,9 @@ def ops(client):
     token = Token.objects.create(user=user)
 
     def post(path, body):
-        return client.post(path, body, content_type="application/json", HTTP_AUTHORIZATION=f"Token {token.key}")
+        return client.post(
+            path, body, content_type="application/json", HTTP_AUTHORIZATION=f"Token {token.key}"
+        )
 
     def get(path):
         return client.get(path, HTTP_AUTHORIZATION=f"Token {token.key}")
@@ -31,9 +33,19 @@ def ops(client):
     return post
 
 
-TASK = {"name": "nightly", "executor": "shell", "command": "true", "timeoutSeconds": 60,
-        "retry": {"maxAttempts": 3, "retryOn": ["failed"], "lostRetry": "idempotent", "backoffSeconds": 5,
-                  "backoffMaxSeconds": 60}}
+TASK = {
+    "name": "nightly",
+    "executor": "shell",
+    "command": "true",
+    "timeoutSeconds": 60,
+    "retry": {
+        "maxAttempts": 3,
+        "retryOn": ["failed"],
+        "lostRetry": "idempotent",
+        "backoffSeconds": 5,
+        "backoffMaxSeconds": 60,
+    },
+}
 
 
 def test_create_enqueue_read_and_cancel(ops):
@@ -43,7 +55,9 @@ def test_create_enqueue_read_and_cancel(ops):
     queued = ops("/api/v1/ops/runs", {"task": "nightly", "priority": 5})
     assert queued.status_code == 201, queued.json()
     body = queued.json()
-    assert body["state"] == "queued" and body["attemptCount"] == 1 and body["attempts"][0]["state"] == "claimed"
+    assert (
+        body["state"] == "queued" and body["attemptCount"] == 1 and body["attempts"][0]["state"] == "claimed"
+    )
     cancelled = ops(f"/api/v1/ops/runs/{body['id']}/cancel", {"reason": "changed my mind"})
     assert cancelled.status_code == 202
     assert cancelled.json()["status"] == "requested" and cancelled.json()["run"]["state"] == "cancelled"
@@ -69,10 +83,22 @@ def test_cancel_of_a_running_run_is_recorded_and_the_run_keeps_running_until_the
         ("/api/v1/ops/tasks", {**TASK, "retry": {**TASK["retry"], "maxAttempts": 0}}, "retry.maxAttempts"),
         ("/api/v1/ops/tasks", {**TASK, "retry": {**TASK["retry"], "maxAttempts": 21}}, "retry.maxAttempts"),
         # DRF reports a ListField child as ".0" (qinglong.api.exceptions), services as "[0]"
-        ("/api/v1/ops/tasks", {**TASK, "retry": {**TASK["retry"], "retryOn": ["succeeded"]}}, "retry.retryOn.0"),
+        (
+            "/api/v1/ops/tasks",
+            {**TASK, "retry": {**TASK["retry"], "retryOn": ["succeeded"]}},
+            "retry.retryOn.0",
+        ),
         ("/api/v1/ops/tasks", {**TASK, "retry": {**TASK["retry"], "lostRetry": "always"}}, "retry.lostRetry"),
-        ("/api/v1/ops/tasks", {**TASK, "retry": {**TASK["retry"], "backoffSeconds": 0}}, "retry.backoffSeconds"),
-        ("/api/v1/ops/tasks", {**TASK, "retry": {**TASK["retry"], "backoffMaxSeconds": 1}}, "retry.backoffMaxSeconds"),
+        (
+            "/api/v1/ops/tasks",
+            {**TASK, "retry": {**TASK["retry"], "backoffSeconds": 0}},
+            "retry.backoffSeconds",
+        ),
+        (
+            "/api/v1/ops/tasks",
+            {**TASK, "retry": {**TASK["retry"], "backoffMaxSeconds": 1}},
+            "retry.backoffMaxSeconds",
+        ),
         ("/api/v1/ops/tasks", {**TASK, "retry": {**TASK["retry"], "surprise": 1}}, "retry.surprise"),
         ("/api/v1/ops/runs", {"task": "nightly", "priority": 101}, "priority"),
         ("/api/v1/ops/runs", {"task": "nightly", "priority": "1"}, "priority"),

@@ -23,7 +23,13 @@ def test_enqueue_pins_the_revision_and_queues_attempt_1():
     revision = make_revision(command="echo 1")
     run = enqueue(revision, priority=7)
     run.refresh_from_db()
-    assert (run.state, run.revision_id, run.attempt_count, run.priority, run.version) == ("queued", revision.pk, 1, 7, 1)
+    assert (run.state, run.revision_id, run.attempt_count, run.priority, run.version) == (
+        "queued",
+        revision.pk,
+        1,
+        7,
+        1,
+    )
     attempt = RunAttempt.objects.get(run=run)
     assert (attempt.number, attempt.state, attempt.priority, attempt.lease_generation) == (1, "claimed", 7, 0)
     assert kinds(run.pk) == ["run.created", "run.queued", "attempt.claimed"]
@@ -76,8 +82,11 @@ def test_cancel_refuses_a_long_reason_and_an_unknown_run():
 def waiting():
     """A run in retry_wait after its first attempt failed (retry_on failed, two attempts)."""
     session = register(enrolled_worker())
-    run = enqueue(make_revision(max_attempts=2, retry_on=("failed",), retry_backoff_seconds=30,
-                                retry_backoff_max_seconds=60))
+    run = enqueue(
+        make_revision(
+            max_attempts=2, retry_on=("failed",), retry_backoff_seconds=30, retry_backoff_max_seconds=60
+        )
+    )
     complete(start(claim_one(session)), outcome="failed", exit_code=2)
     run.refresh_from_db()
     assert run.state == "retry_wait"
@@ -101,7 +110,12 @@ def test_a_due_retry_is_queued_as_attempt_2_sharing_nothing_with_attempt_1(waiti
     assert (run.state, run.attempt_count, run.next_attempt_at) == ("queued", 2, None)
     second = RunAttempt.objects.get(run=run, number=2)
     assert (second.state, second.worker_id, second.session_id, second.lease_generation, second.pid) == (
-        "claimed", None, None, 0, None)
+        "claimed",
+        None,
+        None,
+        0,
+        None,
+    )
     assert kinds(run.pk)[-2:] == ["run.queued", "attempt.claimed"]
     held = start(claim_one(session))
     assert held.attempt_id == second.pk and held.lease_generation == 1

@@ -37,13 +37,20 @@ EXPECTED_RUN = {
     "running": {"retry_wait", "succeeded", "failed", "cancelled", "timed_out", "lost"},
     "retry_wait": {"queued", "cancelled", "timed_out"},
     "lost": {"queued", "failed", "cancelled", "retry_wait"},
-    "succeeded": set(), "failed": set(), "cancelled": set(), "timed_out": set(),
+    "succeeded": set(),
+    "failed": set(),
+    "cancelled": set(),
+    "timed_out": set(),
 }
 EXPECTED_ATTEMPT = {
     "claimed": {"starting", "cancelled", "lost"},
     "starting": {"running", "failed", "cancelled", "timed_out", "lost"},
     "running": {"succeeded", "failed", "cancelled", "timed_out", "lost"},
-    "succeeded": set(), "failed": set(), "cancelled": set(), "timed_out": set(), "lost": set(),
+    "succeeded": set(),
+    "failed": set(),
+    "cancelled": set(),
+    "timed_out": set(),
+    "lost": set(),
 }
 
 
@@ -127,7 +134,9 @@ def test_database_refuses_attempt_rows_that_break_the_machine(finished):
     with pytest.raises(IntegrityError) as broken, transaction.atomic():
         RunAttempt.objects.create(run=live.run, number=2, ready_at=live.ready_at, created_at=live.created_at)
     # PostgreSQL names the index, SQLite the column it covers
-    assert {"one_live_attempt_per_run", "runs_runattempt.run_id"} & set(str(broken.value).replace('"', " ").split())
+    assert {"one_live_attempt_per_run", "runs_runattempt.run_id"} & set(
+        str(broken.value).replace('"', " ").split()
+    )
 
 
 def test_database_refuses_lease_rows_that_break_the_machine(finished):
@@ -138,8 +147,14 @@ def test_database_refuses_lease_rows_that_break_the_machine(finished):
     _refused(rows, state="leased")  # an active lease has no end
     _refused(rows, state="released")  # released needs a reason, and carries no completion
     _refused(rows, release_reason="lease_expired")  # only a released lease has a reason
-    _refused(rows, state="released", release_reason="because", completion_sequence=None,
-             completion_outcome="", completion_sha256="")
+    _refused(
+        rows,
+        state="released",
+        release_reason="because",
+        completion_sequence=None,
+        completion_outcome="",
+        completion_sha256="",
+    )
     _refused(rows, starting_at=None)  # running_at without starting_at
 
 
@@ -150,9 +165,16 @@ def test_database_refuses_a_second_active_lease_for_one_attempt():
     lease = held.lease()
     with pytest.raises(IntegrityError) as broken, transaction.atomic():
         RunDispatchLease.objects.create(
-            attempt_id=lease.attempt_id, run_id=lease.run_id, worker_id=lease.worker_id, session_id=lease.session_id,
-            session_generation=1, lease_generation=2, offer_id=uuid7(), token_digest="0" * 64,
-            expires_at=lease.expires_at + timedelta(seconds=5), spec_sha256=lease.spec_sha256,
+            attempt_id=lease.attempt_id,
+            run_id=lease.run_id,
+            worker_id=lease.worker_id,
+            session_id=lease.session_id,
+            session_generation=1,
+            lease_generation=2,
+            offer_id=uuid7(),
+            token_digest="0" * 64,
+            expires_at=lease.expires_at + timedelta(seconds=5),
+            spec_sha256=lease.spec_sha256,
             claimed_at=lease.claimed_at,
         )
     assert {"one_active_lease_per_attempt", "leases_rundispatchlease.attempt_id"} & set(
