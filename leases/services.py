@@ -18,6 +18,7 @@ timeout) â†’ starting ACK (attempt ``starting``, expiry = now + run lease TTL) â
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,6 +49,11 @@ from .models import LeaseState, ReleaseReason, RunDispatchLease
 from .offers import Offer, execution_spec, spec_sha256
 from .settlement import settle_lease
 from .tokens import TOKEN, token_digest, token_matches
+
+log = logging.getLogger(__name__)
+
+#: Refusals of a sweep's single-item transaction that the next cycle may not meet again.
+TRANSIENT_CODES = ("lock_timeout", "storage_busy")
 
 #: Keyset pages of the dispatch queue one claim may scan (the first one small, then 64 attempts each).
 CLAIM_MAX_PAGES = 4
@@ -757,7 +763,16 @@ def sweep_expired_leases(*, batch: int | None = None) -> int:
     """Settle up to ``batch`` lapsed leases, one transaction each; return how many were settled.
 
     Called by ``qinglong.sweeps.run_cycle`` (Celery beat, ``manage.py sweep``, ``manage.py serve``).
-    Safe with several sweepers at once: each write is a CAS, so at most one settles a lease.
+    Safe with several sweepers at once: each write is a CAS, so at most one settles a lease. A
+    lease whose worker row stays locked past the lock timeout (or SQLite stays busy) is left for
+    the next cycle; the others in the batch are still settled.
     """
-    return sum(lease_expire(lease_id=lease_id, observed_version=version)
-               for lease_id, version in expired_leases(batch=batch))
+    settled = 0
+    for lease_id, version in expired_leases(batch=batch):
+        try:
+            settled += lease_expire(lease_id=lease_id, observed_version=version)
+        except DomainError as exc:
+            if exc.code not in TRANSIENT_CODES:
+                raise
+            log.warning("lease %s not settled this cycle: %s", lease_id, exc.code)
+    return settled

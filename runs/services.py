@@ -6,6 +6,7 @@ One public function per write path, each one transaction (``qinglong.db.write_pa
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from .locks import lock_run
 from .models import LostRetry, Run, RunAttempt, Task, TaskRevision
 from .states import ATTEMPT_LIVE, RUN_TERMINAL, AttemptState, RunState
 from .transitions import bump_run, move_attempt, move_run
+
+log = logging.getLogger(__name__)
 
 EXECUTORS = ("shell", "python", "node")
 MAX_COMMAND_BYTES = 64 * 1024
@@ -288,5 +291,13 @@ def sweep_due_retries(*, batch: int | None = None) -> int:
         .order_by("next_attempt_at")
         .values_list("pk", flat=True)[: batch or protocol().sweep_batch]
     )
-    return sum(1 for run_id in due if run_requeue(run_id=run_id) is not None)
+    queued = 0
+    for run_id in due:
+        try:
+            queued += run_requeue(run_id=run_id) is not None
+        except DomainError as exc:
+            if exc.code not in ("lock_timeout", "storage_busy"):
+                raise
+            log.warning("run %s not requeued this cycle: %s", run_id, exc.code)  # the next cycle retries
+    return queued
 

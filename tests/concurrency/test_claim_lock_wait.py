@@ -9,39 +9,17 @@ import threading
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test import Client
 
 from leases.models import RunDispatchLease
 from protocol import wire
 from qinglong.errors import DomainError
+from tests.concurrency.threads import LockHolder
 from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim
-from workers.models import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-class LockHolder(threading.Thread):
-    """Holds ``SELECT … FOR UPDATE`` on a worker row until ``release`` is set. On SQLite the
-    transaction begins IMMEDIATE (settings), so it holds the database's write lock instead."""
-
-    def __init__(self, worker_id) -> None:
-        super().__init__(daemon=True)
-        self.worker_id = worker_id
-        self.locked = threading.Event()
-        self.release = threading.Event()
-        self.released_at = 0.0
-
-    def run(self) -> None:
-        try:
-            with transaction.atomic():
-                Worker.objects.select_for_update().get(pk=self.worker_id)
-                self.locked.set()
-                self.release.wait(30)
-                self.released_at = time.monotonic()
-        finally:
-            connection.close()
 
 
 def _backend_waits_on_a_lock(pid: int) -> bool:

@@ -4,10 +4,13 @@ connection, all released at once by a barrier; exceptions are collected, never s
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
+
+from workers.models import Worker
 
 
 def race(*contenders: Callable[[], Any], timeout: float = 60) -> list[tuple[str, Any]]:
@@ -31,3 +34,25 @@ def race(*contenders: Callable[[], Any], timeout: float = 60) -> list[tuple[str,
         thread.join(timeout)
         assert not thread.is_alive(), "a contender hung"
     return results  # type: ignore[return-value]
+
+
+class LockHolder(threading.Thread):
+    """Holds ``SELECT … FOR UPDATE`` on a worker row until ``release`` is set. On SQLite the
+    transaction begins IMMEDIATE (settings), so it holds the database's write lock instead."""
+
+    def __init__(self, worker_id) -> None:
+        super().__init__(daemon=True)
+        self.worker_id = worker_id
+        self.locked = threading.Event()
+        self.release = threading.Event()
+        self.released_at = 0.0
+
+    def run(self) -> None:
+        try:
+            with transaction.atomic():
+                Worker.objects.select_for_update().get(pk=self.worker_id)
+                self.locked.set()
+                self.release.wait(30)
+                self.released_at = time.monotonic()
+        finally:
+            connection.close()
