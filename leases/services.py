@@ -226,11 +226,13 @@ def lease_claim(
     An offer id this worker already claimed is replayed from the durable lease when the token
     and session match (same answer rebuilt from the pinned revision, nothing written) and is a
     ``lease_offer_conflict`` otherwise. New offers are filled from the dispatch queue (priority,
-    FIFO, id; keyset pages of 64, at most 4) with attempts whose pinned placement the session's
+    FIFO, id; keyset pages — the first of 16 (4 per wanted offer, up to 64), then of 64, at most
+    4 pages) with attempts whose pinned placement the session's
     capabilities satisfy, never more than the session's free capacity (min(max concurrency,
     available slots) − active leases, counted under the worker lock). Candidate hits are never
-    claims: each attempt is re-checked under its run's row lock (``SKIP LOCKED``: a run another
-    claimer holds is passed over, not waited for).
+    claims: each attempt is re-checked under its run's row lock, taken with ``SKIP LOCKED`` and
+    only while the run is at the version the page saw (a run another claimer holds or changed is
+    passed over, not waited for).
 
     Locks: the worker row (waits up to PostgreSQL ``lock_timeout``), then each candidate's run row.
     Writes per claim: a lease (token digest only, lease generation + 1, expiry = DB now +
