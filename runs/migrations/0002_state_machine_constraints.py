@@ -3,6 +3,13 @@
 from django.db import migrations, models
 
 
+def clear_stale_next_attempt_times(apps, schema_editor):
+    """Runs cancelled out of retry_wait by earlier code kept their next-attempt time; the new
+    constraint allows one only while waiting."""
+    Run = apps.get_model("runs", "Run")
+    Run.objects.exclude(state="retry_wait").exclude(next_attempt_at=None).update(next_attempt_at=None)
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -11,6 +18,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunPython(clear_stale_next_attempt_times, migrations.RunPython.noop),
         migrations.AddConstraint(
             model_name='run',
             constraint=models.CheckConstraint(condition=models.Q(('state', 'retry_wait'), ('next_attempt_at__isnull', True), _connector='OR'), name='run_next_attempt_only_when_waiting'),
