@@ -35,7 +35,7 @@ from protocol.wire import MAX_OFFERS_PER_CLAIM
 from qinglong.conf import protocol
 from qinglong.db import db_now, write_path
 from qinglong.errors import DomainError
-from runs.locks import lock_run, try_lock_run
+from runs.locks import lock_run, try_lock_candidate
 from runs.models import Run, RunAttempt
 from runs.outcomes import conclude_attempt
 from runs.selectors import QUEUE_PAGE, dispatch_queue_page
@@ -300,10 +300,10 @@ def lease_claim(
         fit = match(snapshot, placement)
         if not fit.eligible or ranking.defer(attempt, revision.placement_sha256, placement, fit.score):
             continue
-        run = try_lock_run(attempt.run_id, version=attempt.run.version)
-        if run is None:
+        locked = try_lock_candidate(attempt.pk, run_version=attempt.run.version)
+        if locked is None:
             continue  # another claimer holds it or changed it since the page was read: move on
-        attempt = RunAttempt.objects.get(pk=attempt.pk)  # the whole row, re-read under the run lock
+        attempt, run = locked, locked.run  # whole rows, read under the run lock
         if (
             attempt.state != AttemptState.CLAIMED
             or run.cancel_requested_at is not None

@@ -10,7 +10,7 @@ import uuid
 
 from qinglong.errors import DomainError
 
-from .models import Run
+from .models import Run, RunAttempt
 
 
 def lock_run(run_id: uuid.UUID) -> Run:
@@ -21,16 +21,18 @@ def lock_run(run_id: uuid.UUID) -> Run:
     return run
 
 
-def try_lock_run(run_id: uuid.UUID, *, version: int | None = None) -> Run | None:
-    """Lock one run unless another transaction holds it (``SKIP LOCKED``); None if skipped/gone.
+def try_lock_candidate(attempt_id: uuid.UUID, *, run_version: int) -> RunAttempt | None:
+    """Lock a queue candidate's run (``SKIP LOCKED``) if the run is still at ``run_version``, and
+    read the whole attempt, its run and the run's pinned revision in the same statement.
 
-    Used by claims so that concurrent claimers move on to the next candidate instead of queueing
-    behind each other (PostgreSQL; on SQLite writers are already serialised). With ``version``
-    the row is locked only if it is still at that version — PostgreSQL re-checks the condition
-    on the newest row version after the lock — so a claimer never holds (and makes everyone else
-    skip) a run that another claim or a cancel changed since the claimer's candidate page was read.
+    Returns None if another transaction holds the run, or changed it since the candidate page was
+    read (every claim and cancel bumps the run's version), or the attempt is gone. The caller
+    re-checks the attempt's state under the lock. Only the run row is locked (``FOR UPDATE OF``).
     """
-    queryset = Run.objects.select_for_update(of=("self",), skip_locked=True).filter(pk=run_id)
-    if version is not None:
-        queryset = queryset.filter(version=version)
-    return queryset.first()
+    return (
+        RunAttempt.objects.select_related("run__revision")
+        .select_for_update(of=("run",), skip_locked=True)
+        .filter(pk=attempt_id, run__version=run_version)
+        .order_by()
+        .first()
+    )
