@@ -130,9 +130,10 @@ def _max_overlap(intervals: list[tuple]) -> int:
 
 
 def test_four_processes_claim_a_backlog_exactly_once_within_every_workers_capacity(protocol_settings):
-    # Every claimer takes the head of the queue: no placement hold for a better-ranked idle worker
-    # (the children inherit these settings through the fork).
-    protocol_settings(DISPATCH_HOLD_SECONDS=0)
+    # Every claimer takes the head of the queue: no placement hold for a better-ranked idle worker;
+    # and nobody heartbeats here, so session leases must outlast a slow CI machine (the children
+    # inherit these settings through the fork).
+    protocol_settings(DISPATCH_HOLD_SECONDS=0, SESSION_LEASE_SECONDS=600)
     revision = make_revision()
     runs = [enqueue(revision) for _ in range(PROCESSES * CLAIMS_EACH)]
     sessions = []

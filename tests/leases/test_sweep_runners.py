@@ -37,7 +37,10 @@ def database_url() -> str:
 
 @pytest.mark.redis
 @pytest.mark.slow
-def test_celery_beat_settles_a_lapsed_lease(redis_url, tmp_path):
+def test_celery_beat_settles_a_lapsed_lease(redis_url, tmp_path, protocol_settings):
+    # Nobody heartbeats in this test: the session must outlive Celery's start on a slow machine,
+    # or the sweep would settle the lease as session_expired instead.
+    protocol_settings(SESSION_LEASE_SECONDS=600)
     session = register(enrolled_worker())
     run = enqueue(make_revision(max_attempts=2, lost_retry="idempotent"))
     held = start(claim_one(session))
@@ -51,6 +54,7 @@ def test_celery_beat_settles_a_lapsed_lease(redis_url, tmp_path):
         "REDIS_URL": redis_url,
         "QINGLONG_CELERY_QUEUE": f"qinglong-test-{uuid.uuid4().hex}",
         "QINGLONG_SWEEP_INTERVAL_SECONDS": "0.5",
+        "QINGLONG_SESSION_LEASE_SECONDS": "600",
         "QINGLONG_VAR_DIR": str(tmp_path),
         # PostgreSQL leg: the cluster profile itself (its system checks demand PostgreSQL and Redis);
         # SQLite leg: the standalone profile may use Celery too, with any broker.
