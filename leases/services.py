@@ -35,7 +35,7 @@ from protocol.wire import MAX_OFFERS_PER_CLAIM
 from qinglong.conf import protocol
 from qinglong.db import db_now, write_path
 from qinglong.errors import DomainError
-from runs.locks import lock_run, try_lock_candidate
+from runs.locks import lock_candidates, lock_run
 from runs.models import Run, RunAttempt
 from runs.outcomes import conclude_attempt
 from runs.selectors import QUEUE_PAGE, dispatch_queue_page
@@ -135,19 +135,29 @@ class _Ranking:
         return best is not None and best < (-score, -self.free_slots, self.worker_id)
 
 
-def _queue(now: datetime, wanted: int) -> Iterator[RunAttempt]:
-    """Candidates in dispatch order: a first keyset page sized for what the claim wants (a few
-    rows past the head, where concurrent claimers contend), then full pages of 64."""
+def _pages(now: datetime, wanted: int) -> Iterator[list[RunAttempt]]:
+    """Candidate pages in dispatch order: a first keyset page sized for what the claim wants (a
+    few rows past the head, where concurrent claimers contend), then full pages of 64."""
     cursor = None
     size = min(QUEUE_PAGE, max(CLAIM_FIRST_PAGE, 4 * wanted))
     for _ in range(CLAIM_MAX_PAGES):
         page = dispatch_queue_page(now=now, after=cursor, size=size)
-        yield from page
+        yield page
         if len(page) < size:
             return
         last = page[-1]
         cursor = (last.priority, last.ready_at, last.pk)
         size = QUEUE_PAGE
+
+
+def _claimable(attempt: RunAttempt, run: Run, now: datetime) -> bool:
+    """Whether a locked candidate may be claimed now (re-checked under its run's row lock)."""
+    return (
+        attempt.state == AttemptState.CLAIMED
+        and run.cancel_requested_at is None
+        and run.state in (RunState.QUEUED, RunState.DISPATCHING)
+        and (attempt.lease_expires_at is None or attempt.lease_expires_at <= now)
+    )
 
 
 def _replay(lease: RunDispatchLease, request: OfferRequest, session: WorkerSession, index: int,
@@ -230,9 +240,10 @@ def lease_claim(
     4 pages) with attempts whose pinned placement the session's
     capabilities satisfy, never more than the session's free capacity (min(max concurrency,
     available slots) − active leases, counted under the worker lock). Candidate hits are never
-    claims: each attempt is re-checked under its run's row lock, taken with ``SKIP LOCKED`` and
-    only while the run is at the version the page saw (a run another claimer holds or changed is
-    passed over, not waited for).
+    claims: one statement per page locks the runs of the next eligible candidates in queue order
+    (``FOR UPDATE OF run SKIP LOCKED``, each only while its run is at the version the page saw, so
+    a run another claimer holds or changed is passed over, never waited for), and each attempt is
+    re-checked under its run's lock.
 
     Locks: the worker row (waits up to PostgreSQL ``lock_timeout``), then each candidate's run row.
     Writes per claim: a lease (token digest only, lease generation + 1, expiry = DB now +
@@ -292,36 +303,43 @@ def lease_claim(
     requests = iter(fresh)
     wanted = min(free, len(fresh))
     claimed: list[Offer] = []
-    for attempt in _queue(now, wanted):
+    for page in _pages(now, wanted):
+        eligible: list[RunAttempt] = []
+        scores: dict[uuid.UUID, int] = {}
+        for attempt in page:
+            revision = attempt.run.revision
+            placement = parse_placement(revision.placement_sha256, revision.placement)
+            fit = match(snapshot, placement)
+            if not fit.eligible or ranking.defer(attempt, revision.placement_sha256, placement, fit.score):
+                continue
+            eligible.append(attempt)
+            scores[attempt.pk] = fit.score
+        while eligible and len(claimed) < wanted:
+            # One statement locks the next claimable runs in queue order, passing over any that
+            # another claimer holds or changed since the page was read (never waiting for it).
+            locked = lock_candidates(eligible, limit=wanted - len(claimed))
+            if not locked:
+                break
+            for attempt in locked:  # whole rows, read under the run lock
+                run = attempt.run
+                if not _claimable(attempt, run, now):
+                    continue
+                if attempt.lease_expires_at is not None:  # an unstarted lease lapsed: take it over
+                    lapsed = RunDispatchLease.objects.filter(attempt_id=attempt.pk, state=LeaseState.LEASED).first()
+                    if lapsed is not None:
+                        settle_lease(lapsed, reason=ReleaseReason.DISPATCH_TIMEOUT, now=now,
+                                     actor_type=ActorType.RECONCILER, expired_only=True)
+                        attempt.refresh_from_db()
+                        run.refresh_from_db()
+                        if not _claimable(attempt, run, now):
+                            continue
+                _, request = next(requests)
+                claimed.append(_create_lease(worker, session, run, attempt, request, now, scores[attempt.pk]))
+            # Candidates up to the last locked one were locked (and tried) or passed over: go on after it.
+            last = next(i for i, a in enumerate(eligible) if a.pk == locked[-1].pk)
+            eligible = eligible[last + 1:]
         if len(claimed) == wanted:
             break
-        revision = attempt.run.revision
-        placement = parse_placement(revision.placement_sha256, revision.placement)
-        fit = match(snapshot, placement)
-        if not fit.eligible or ranking.defer(attempt, revision.placement_sha256, placement, fit.score):
-            continue
-        locked = try_lock_candidate(attempt.pk, run_version=attempt.run.version)
-        if locked is None:
-            continue  # another claimer holds it or changed it since the page was read: move on
-        attempt, run = locked, locked.run  # whole rows, read under the run lock
-        if (
-            attempt.state != AttemptState.CLAIMED
-            or run.cancel_requested_at is not None
-            or run.state not in (RunState.QUEUED, RunState.DISPATCHING)
-            or (attempt.lease_expires_at is not None and attempt.lease_expires_at > now)
-        ):
-            continue
-        if attempt.lease_expires_at is not None:
-            lapsed = RunDispatchLease.objects.filter(attempt_id=attempt.pk, state=LeaseState.LEASED).first()
-            if lapsed is not None:
-                settle_lease(lapsed, reason=ReleaseReason.DISPATCH_TIMEOUT, now=now,
-                             actor_type=ActorType.RECONCILER, expired_only=True)
-                attempt.refresh_from_db()
-                run.refresh_from_db()
-                if attempt.state != AttemptState.CLAIMED or run.state not in (RunState.QUEUED, RunState.DISPATCHING):
-                    continue
-        _, request = next(requests)
-        claimed.append(_create_lease(worker, session, run, attempt, request, now, fit.score))
     return answered + claimed
 
 

@@ -6,7 +6,12 @@ retry scheduling) locks only its run; a worker-scoped path locks the worker firs
 
 from __future__ import annotations
 
+import operator
 import uuid
+from collections.abc import Sequence
+from functools import reduce
+
+from django.db.models import Q
 
 from qinglong.errors import DomainError
 
@@ -21,18 +26,23 @@ def lock_run(run_id: uuid.UUID) -> Run:
     return run
 
 
-def try_lock_candidate(attempt_id: uuid.UUID, *, run_version: int) -> RunAttempt | None:
-    """Lock a queue candidate's run (``SKIP LOCKED``) if the run is still at ``run_version``, and
-    read the whole attempt, its run and the run's pinned revision in the same statement.
+def lock_candidates(candidates: Sequence[RunAttempt], *, limit: int) -> list[RunAttempt]:
+    """Lock the runs of up to ``limit`` queue candidates in one statement, in dispatch order.
 
-    Returns None if another transaction holds the run, or changed it since the candidate page was
-    read (every claim and cancel bumps the run's version), or the attempt is gone. The caller
-    re-checks the attempt's state under the lock. Only the run row is locked (``FOR UPDATE OF``).
+    ``candidates`` are rows of a dispatch-queue page (``runs.selectors``), each with its run's
+    version as the page saw it. ``SELECT … FOR UPDATE OF run SKIP LOCKED … LIMIT`` passes over a
+    run another transaction holds, and — because PostgreSQL re-checks the condition on the newest
+    row version after locking — over a run that changed since the page was read (every claim and
+    cancel bumps the run's version); it never waits, and never locks a row it does not return.
+    Returns the whole attempts with their runs and pinned revisions; the caller re-checks each
+    attempt's state under the lock. On SQLite the write transaction already excludes everyone.
     """
-    return (
+    if not candidates or limit < 1:
+        return []
+    which = reduce(operator.or_, (Q(pk=c.pk, run__version=c.run.version) for c in candidates))
+    return list(
         RunAttempt.objects.select_related("run__revision")
         .select_for_update(of=("run",), skip_locked=True)
-        .filter(pk=attempt_id, run__version=run_version)
-        .order_by()
-        .first()
+        .filter(which)
+        .order_by("-priority", "ready_at", "id")[:limit]
     )
