@@ -9,12 +9,13 @@ import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 
 from leases.models import RunDispatchLease
 from protocol import wire
 from qinglong.errors import DomainError
+from runs.models import Run, RunAttempt
 from tests.concurrency.threads import LockHolder
 from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim
@@ -123,3 +124,44 @@ def test_a_claim_blocked_past_the_lock_timeout_fails_with_lock_timeout_and_write
     assert outcome["waited"] >= 0.3
     assert (outcome["service"].code, outcome["service"].status) == ("lock_timeout", 503)
     assert not RunDispatchLease.objects.exists()
+
+
+@pytest.mark.postgres
+def test_a_claim_passes_over_a_run_another_transaction_holds_without_waiting(protocol_settings):
+    protocol_settings(DISPATCH_HOLD_SECONDS=0)
+    session = register(enrolled_worker())
+    revision = make_revision()
+    head, second = enqueue(revision, priority=5), enqueue(revision)
+    locked, release, outcome = threading.Event(), threading.Event(), {}
+
+    def hold_the_head_run():
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update().get(pk=head.pk)  # e.g. an operator cancelling it
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    def claimer():
+        try:
+            started = time.monotonic()
+            outcome["offers"] = claim(session)
+            outcome["took"] = time.monotonic() - started
+        except Exception as exc:  # asserted below
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_head_run, daemon=True)
+    holder.start()
+    assert locked.wait(10)
+    thread = threading.Thread(target=claimer, daemon=True)
+    thread.start()
+    thread.join(20)
+    release.set()
+    holder.join(10)
+    assert "error" not in outcome, outcome.get("error")
+    [offer] = outcome["offers"]
+    assert RunAttempt.objects.get(pk=offer.attempt_id).run_id == second.pk
+    assert outcome["took"] < 2  # it did not wait for the holder (which waited until the claim ended)
