@@ -514,7 +514,11 @@ class AttemptRunner(threading.Thread):
                 lease_deadline = sent + lease_window
                 next_renew = sent + self.lease["renewIntervalSeconds"]
                 if renewed["cancelRequested"]:
+                    # Kill now, not after the next wait step: the kill must land within one
+                    # renew interval of the cancellation.
                     self._cancel.set()
+                    execution.stop("cancelled")
+                    break
         result = execution.result()
         if self._abandon.is_set():
             return

@@ -68,10 +68,31 @@ class RunDispatchLease(models.Model):
             models.CheckConstraint(
                 condition=~Q(state=LeaseState.RELEASED) | ~Q(release_reason=""), name="released_lease_has_reason"
             ),
+            # Both facts, not either: a completed lease records the sequence and the outcome.
             models.CheckConstraint(
-                condition=~Q(state=LeaseState.COMPLETED) | Q(completion_sequence__isnull=False)
-                | ~Q(completion_outcome=""),
-                name="completed_lease_has_outcome",
+                condition=~Q(state=LeaseState.COMPLETED)
+                | (Q(completion_sequence__isnull=False) & ~Q(completion_outcome="")),
+                name="completed_lease_has_sequence_and_outcome",
+            ),
+            models.CheckConstraint(
+                condition=Q(state=LeaseState.COMPLETED)
+                | (Q(completion_sequence__isnull=True) & Q(completion_outcome="") & Q(completion_sha256="")),
+                name="only_completed_lease_has_outcome",
+            ),
+            models.CheckConstraint(
+                condition=Q(state=LeaseState.RELEASED) | Q(release_reason=""), name="only_released_lease_has_reason"
+            ),
+            models.CheckConstraint(
+                condition=Q(release_reason__in=["", *ReleaseReason.values]), name="lease_release_reason_valid"
+            ),
+            # An active lease has no end; a completed or released one has.
+            models.CheckConstraint(
+                condition=(Q(state=LeaseState.LEASED) & Q(ended_at__isnull=True))
+                | (~Q(state=LeaseState.LEASED) & Q(ended_at__isnull=False)),
+                name="lease_end_matches_state",
+            ),
+            models.CheckConstraint(
+                condition=Q(running_at__isnull=True) | Q(starting_at__isnull=False), name="lease_running_after_starting"
             ),
             models.CheckConstraint(condition=Q(lease_generation__gte=1), name="lease_generation_positive"),
         ]

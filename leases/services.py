@@ -1,36 +1,45 @@
 """Run lease write paths: claim, activation ACKs, renew, release, completion, expiry (ADR-0012 §3).
 
-Every function is one transaction (``qinglong.db.write_path``). Each locks the worker row, reads
-the database clock after the lock, passes the session fence (``workers.fence``), then — for
-paths that move an attempt or run — locks the run row (order: worker → run → attempt → lease)
-and checks the lease fence: the presented token against the stored digest (constant time), the
-lease generation, the session and generation that claimed it, its state and its expiry. A
-refused call writes nothing.
+Every public function is one transaction (``qinglong.db.write_path``). Each locks the worker row,
+reads the database clock after the lock, passes the session fence (``workers.fence``), then locks
+the run row (global order: worker → run → attempt → lease, ``workers.locks``) and checks the
+lease fence: the presented token against the stored digest (constant time), the lease
+generation, the session and generation that claimed it, its state and its expiry. A refused call
+writes nothing. Every attempt write happens under its run's row lock; every lease write under its
+worker's row lock (the expiry sweep takes the same locks), so the compare-and-swap updates below
+can only miss when a bug broke that discipline — they then abort with a conflict code.
+
+Lease life (docs/leases.md): claim (attempt stays ``claimed``, lease expiry = DB now + dispatch
+timeout) → starting ACK (attempt ``starting``, expiry = now + run lease TTL) → running ACK
+(attempt and run ``running``) → renewals (version + 1, expiry = now + TTL) → completion (lease
+``completed``). A lapse is settled by ``leases.settlement``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import rfc8785
-from django.db.models import F
+from django.db.models import F, Q
 
 from audit.models import ActorType
 from audit.recorder import record
 from placement.matching import match
 from placement.ranking import ClaimRanking
 from placement.selectors import parse_capabilities, parse_placement
+from protocol.wire import MAX_OFFERS_PER_CLAIM
 from qinglong.conf import protocol
 from qinglong.db import db_now, write_path
 from qinglong.errors import DomainError
-from runs.locks import lock_run, try_lock_run
+from runs.locks import lock_candidates, lock_run
 from runs.models import Run, RunAttempt
 from runs.outcomes import conclude_attempt
-from runs.selectors import dispatch_queue_page
+from runs.selectors import QUEUE_PAGE, dispatch_queue_page
 from runs.states import AttemptState, RunState
 from runs.transitions import bump_run, move_attempt, move_run, update_attempt
 from workers.fence import Purpose, fence_session
@@ -40,10 +49,16 @@ from workers.models import SessionState, Worker, WorkerSession
 from .models import LeaseState, ReleaseReason, RunDispatchLease
 from .offers import Offer, execution_spec, spec_sha256
 from .settlement import settle_lease
-from .tokens import token_digest, token_matches
+from .tokens import TOKEN, token_digest, token_matches
 
-#: Keyset pages of the dispatch queue one claim may scan (64 attempts each).
+log = logging.getLogger(__name__)
+
+#: Refusals of a sweep's single-item transaction that the next cycle may not meet again.
+TRANSIENT_CODES = ("lock_timeout", "storage_busy")
+
+#: Keyset pages of the dispatch queue one claim may scan (the first one small, then 64 attempts each).
 CLAIM_MAX_PAGES = 4
+CLAIM_FIRST_PAGE = 16
 
 
 def _renew_interval() -> int:
@@ -59,29 +74,72 @@ class OfferRequest:
     lease_token: str
 
 
+def _check_offers(offers: list[OfferRequest]) -> None:
+    """Shape rules the wire serializer also enforces, kept here so that no caller can skip them."""
+    if not 1 <= len(offers) <= MAX_OFFERS_PER_CLAIM:
+        raise DomainError("validation_failed", f"1 to {MAX_OFFERS_PER_CLAIM} offers", field="offers")
+    seen_ids: set[uuid.UUID] = set()
+    seen_tokens: set[str] = set()
+    for index, request in enumerate(offers):
+        if not isinstance(request.offer_id, uuid.UUID):
+            raise DomainError("validation_failed", "must be a UUID", field=f"offers[{index}].offerId")
+        if not isinstance(request.lease_token, str) or not TOKEN.match(request.lease_token):
+            raise DomainError("validation_failed", "must be base64url of at least 128 bits",
+                              field=f"offers[{index}].leaseToken")
+        if request.offer_id in seen_ids:
+            raise DomainError("validation_failed", "an offer id appears twice in one claim",
+                              field=f"offers[{index}].offerId")
+        if request.lease_token in seen_tokens:
+            raise DomainError("validation_failed", "a lease token appears twice in one claim",
+                              field=f"offers[{index}].leaseToken")
+        seen_ids.add(request.offer_id)
+        seen_tokens.add(request.lease_token)
+
+
 # --- claim ---------------------------------------------------------------------------------------
 
 
-def _queue(now: datetime) -> Iterator[RunAttempt]:
+def _pages(now: datetime, wanted: int) -> Iterator[list[RunAttempt]]:
+    """Candidate pages in dispatch order: a first keyset page sized for what the claim wants (a
+    few rows past the head, where concurrent claimers contend), then full pages of 64."""
     cursor = None
+    size = min(QUEUE_PAGE, max(CLAIM_FIRST_PAGE, 4 * wanted))
     for _ in range(CLAIM_MAX_PAGES):
-        page = dispatch_queue_page(now=now, after=cursor)
-        yield from page
-        if len(page) < 64:
+        page = dispatch_queue_page(now=now, after=cursor, size=size)
+        yield page
+        if len(page) < size:
             return
         last = page[-1]
         cursor = (last.priority, last.ready_at, last.pk)
+        size = QUEUE_PAGE
+
+
+def _claimable(attempt: RunAttempt, run: Run, now: datetime) -> bool:
+    """Whether a locked candidate may be claimed now (re-checked under its run's row lock)."""
+    return (
+        attempt.state == AttemptState.CLAIMED
+        and run.cancel_requested_at is None
+        and run.state in (RunState.QUEUED, RunState.DISPATCHING)
+        and (attempt.lease_expires_at is None or attempt.lease_expires_at <= now)
+    )
 
 
 def _replay(lease: RunDispatchLease, request: OfferRequest, session: WorkerSession, index: int,
             now: datetime) -> Offer:
-    if not token_matches(request.lease_token, lease.token_digest) or lease.session_id != session.pk:
+    if (
+        not token_matches(request.lease_token, lease.token_digest, worker_id=lease.worker_id)
+        or lease.session_id != session.pk
+    ):
         raise DomainError(
             "lease_offer_conflict", "this offer id was claimed with another token or session",
             field=f"offers[{index}].offerId",
         )
     _require_active(lease, now, field=f"offers[{index}].offerId")
     spec = execution_spec(lease.run, lease.attempt)
+    if spec_sha256(spec) != lease.spec_sha256:
+        # The pinned revision is immutable, so this cannot drift; if it ever does, fail closed.
+        raise DomainError("lease_offer_conflict", "the offer no longer rebuilds identically",
+                          field=f"offers[{index}].offerId")
     return Offer(lease=lease, execution=spec, status="idempotent", renew_interval_seconds=_renew_interval())
 
 
@@ -96,7 +154,7 @@ def _create_lease(worker: Worker, session: WorkerSession, run: Run, attempt: Run
         session_generation=session.generation,
         lease_generation=attempt.lease_generation + 1,
         offer_id=request.offer_id,
-        token_digest=token_digest(request.lease_token),
+        token_digest=token_digest(request.lease_token, worker_id=worker.pk),
         expires_at=now + timedelta(seconds=protocol().dispatch_timeout_seconds),
         spec_sha256=spec_sha256(spec),
         claimed_at=now,
@@ -133,21 +191,36 @@ def lease_claim(
 ) -> list[Offer]:
     """Atomically claim up to ``len(offers)`` runnable attempts for a worker session (worker pull).
 
-    ``offers``: 1–8 worker-generated (offer id, lease token). An offer id this worker already
-    claimed is replayed from the durable lease when the token and session match (same answer,
-    nothing written) and is a ``lease_offer_conflict`` otherwise. New offers are filled from the
-    dispatch queue (priority, FIFO, id; at most 4 pages of 64) with attempts whose pinned
-    placement the session's capabilities satisfy, never more than the session's free capacity
-    (min(max concurrency, available slots) − active leases, counted under the worker lock).
-    Each claim writes a lease (token digest only, expiry = DB now + dispatch timeout), the attempt's
-    fence projection (the attempt stays ``claimed``), run → dispatching, and events. An unstarted
-    attempt whose lease lapsed is taken over under a new lease generation. An empty list means no
-    work. Candidate hits are never claims: every attempt is re-checked under its run lock.
+    ADR-0012 §3, SIBLINGS §5 (ADR-0108), PRODUCT invariants 4, 5, 7.
 
-    Raises: fence codes (``session_draining`` unless every offer is a replay),
-    ``capacity_exhausted``, ``lease_offer_conflict``, ``lease_released``/``lease_completed``/
-    ``lease_expired`` (a replayed offer whose lease ended), ``lock_timeout``.
+    Arguments: ``worker_id`` the authenticated worker (never a body field); ``session_id`` and
+    ``generation`` its session fence; ``offers`` 1–8 worker-generated (offer id UUID, lease
+    token ≥128 bits of base64url), offer ids and tokens distinct within the request.
+
+    An offer id this worker already claimed is replayed from the durable lease when the token
+    and session match (same answer rebuilt from the pinned revision, nothing written) and is a
+    ``lease_offer_conflict`` otherwise. New offers are filled from the dispatch queue (priority,
+    FIFO, id; keyset pages — the first of 16 (4 per wanted offer, up to 64), then of 64, at most
+    4 pages) with attempts whose pinned placement the session's
+    capabilities satisfy, never more than the session's free capacity (min(max concurrency,
+    available slots) − active leases, counted under the worker lock). Candidate hits are never
+    claims: one statement per page locks the runs of the next eligible candidates in queue order
+    (``FOR UPDATE OF run SKIP LOCKED``, each only while its run is at the version the page saw, so
+    a run another claimer holds or changed is passed over, never waited for), and each attempt is
+    re-checked under its run's lock.
+
+    Locks: the worker row (waits up to PostgreSQL ``lock_timeout``), then each candidate's run row.
+    Writes per claim: a lease (token digest only, lease generation + 1, expiry = DB now +
+    dispatch timeout), the attempt's fence projection (the attempt stays ``claimed``), run →
+    ``dispatching`` (or a ``run.dispatching`` fact for a re-dispatch), ``lease.claimed``. An
+    unstarted attempt whose lease lapsed is first settled (``dispatch_timeout``) and taken over
+    under a new lease generation. Returns the offers (replays first); ``[]`` means no work.
+
+    Raises: ``validation_failed`` (offers shape), fence codes (``session_draining`` unless every
+    offer is a replay), ``capacity_exhausted``, ``lease_offer_conflict``, ``lease_released``/
+    ``lease_completed``/``lease_expired`` (a replayed offer whose lease ended), ``lock_timeout``.
     """
+    _check_offers(offers)
     worker = lock_worker(worker_id)
     now = db_now()
     session = fence_session(
@@ -156,15 +229,22 @@ def lease_claim(
     answered: list[Offer] = []
     fresh: list[tuple[int, OfferRequest]] = []
     for index, request in enumerate(offers):
-        existing = (
+        # One read finds both a replay (this offer id) and a reused token (this digest; digests
+        # are bound to the worker, so only this worker's leases can match).
+        digest = token_digest(request.lease_token, worker_id=worker.pk)
+        seen = list(
             RunDispatchLease.objects.select_related("run__revision", "attempt")
-            .filter(worker_id=worker.pk, offer_id=request.offer_id)
-            .first()
+            .filter(Q(offer_id=request.offer_id) | Q(token_digest=digest), worker_id=worker.pk)[:2]
         )
-        if existing is None:
-            fresh.append((index, request))
-        else:
+        existing = next((lease for lease in seen if lease.offer_id == request.offer_id), None)
+        if existing is not None:
             answered.append(_replay(existing, request, session, index, now))
+        elif seen:
+            raise DomainError(
+                "lease_offer_conflict", "this lease token was already used", field=f"offers[{index}].leaseToken"
+            )
+        else:
+            fresh.append((index, request))
     if not fresh:
         return answered
     if session.state == SessionState.DRAINING:
@@ -181,48 +261,49 @@ def lease_claim(
             f"the session holds {active} active lease(s) of {min(session.max_concurrent_runs, session.available_slots)}",
             details={"activeLeases": active},
         )
-    for index, request in fresh:
-        if RunDispatchLease.objects.filter(token_digest=token_digest(request.lease_token)).exists():
-            raise DomainError(
-                "lease_offer_conflict", "this lease token was already used", field=f"offers[{index}].leaseToken"
-            )
 
     snapshot = parse_capabilities(session.capabilities_sha256, session.capabilities)
     ranking = ClaimRanking(worker, free, now)
     requests = iter(fresh)
     wanted = min(free, len(fresh))
     claimed: list[Offer] = []
-    for attempt in _queue(now):
+    for page in _pages(now, wanted):
+        eligible: list[RunAttempt] = []
+        scores: dict[uuid.UUID, int] = {}
+        for attempt in page:
+            revision = attempt.run.revision
+            placement = parse_placement(revision.placement_sha256, revision.placement)
+            fit = match(snapshot, placement)
+            if not fit.eligible or ranking.defer(attempt, revision.placement_sha256, placement, fit.score):
+                continue
+            eligible.append(attempt)
+            scores[attempt.pk] = fit.score
+        while eligible and len(claimed) < wanted:
+            # One statement locks the next claimable runs in queue order, passing over any that
+            # another claimer holds or changed since the page was read (never waiting for it).
+            locked = lock_candidates(eligible, limit=wanted - len(claimed))
+            if not locked:
+                break
+            for attempt in locked:  # whole rows, read under the run lock
+                run = attempt.run
+                if not _claimable(attempt, run, now):
+                    continue
+                if attempt.lease_expires_at is not None:  # an unstarted lease lapsed: take it over
+                    lapsed = RunDispatchLease.objects.filter(attempt_id=attempt.pk, state=LeaseState.LEASED).first()
+                    if lapsed is not None:
+                        settle_lease(lapsed, reason=ReleaseReason.DISPATCH_TIMEOUT, now=now,
+                                     actor_type=ActorType.RECONCILER, expired_only=True)
+                        attempt.refresh_from_db()
+                        run.refresh_from_db()
+                        if not _claimable(attempt, run, now):
+                            continue
+                _, request = next(requests)
+                claimed.append(_create_lease(worker, session, run, attempt, request, now, scores[attempt.pk]))
+            # Candidates up to the last locked one were locked (and tried) or passed over: go on after it.
+            last = next(i for i, a in enumerate(eligible) if a.pk == locked[-1].pk)
+            eligible = eligible[last + 1:]
         if len(claimed) == wanted:
             break
-        revision = attempt.run.revision
-        placement = parse_placement(revision.placement_sha256, revision.placement)
-        fit = match(snapshot, placement)
-        if not fit.eligible or ranking.defer(attempt, revision.placement_sha256, placement, fit.score):
-            continue
-        run = try_lock_run(attempt.run_id)
-        if run is None:
-            continue  # another claimer holds it; move on rather than queue behind it
-        attempt.refresh_from_db()
-        if (
-            attempt.state != AttemptState.CLAIMED
-            or run.cancel_requested_at is not None
-            or run.state not in (RunState.QUEUED, RunState.DISPATCHING)
-            or (attempt.lease_expires_at is not None and attempt.lease_expires_at > now)
-        ):
-            continue
-        if attempt.lease_expires_at is not None:
-            lapsed = RunDispatchLease.objects.filter(attempt_id=attempt.pk, state=LeaseState.LEASED).first()
-            if lapsed is not None:
-                settle_lease(lapsed, reason=ReleaseReason.DISPATCH_TIMEOUT, now=now,
-                             actor_type=ActorType.RECONCILER, expired_only=True)
-                attempt.refresh_from_db()
-                run.refresh_from_db()
-                if attempt.state != AttemptState.CLAIMED or run.state not in (RunState.QUEUED, RunState.DISPATCHING):
-                    continue
-        run.revision = revision
-        _, request = next(requests)
-        claimed.append(_create_lease(worker, session, run, attempt, request, now, fit.score))
     return answered + claimed
 
 
@@ -253,8 +334,12 @@ def _require_active(lease: RunDispatchLease, now: datetime, field: str | None = 
 
 def _fence(
     *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
-    lease_token: str, lock_run_row: bool = True,
+    lease_token: str,
 ) -> _Fenced:
+    """Lock worker then run, and pass the session fence and the lease's identity fence.
+
+    State and expiry are left to the caller (a completed lease may answer an exact replay).
+    """
     worker = lock_worker(worker_id)
     now = db_now()
     session = fence_session(
@@ -267,15 +352,27 @@ def _fence(
         if RunDispatchLease.objects.filter(attempt_id=attempt_id, worker_id=worker.pk).exists():
             raise DomainError("lease_generation_mismatch", "no lease of this generation", field="leaseGeneration")
         raise DomainError("lease_unknown", "no such run lease for this worker", field="attemptId")
-    run = lock_run(lease.run_id) if lock_run_row else Run.objects.get(pk=lease.run_id)
+    run = lock_run(lease.run_id)
     lease.refresh_from_db()
-    if not token_matches(lease_token, lease.token_digest):
+    if not token_matches(lease_token, lease.token_digest, worker_id=worker.pk):
         raise DomainError("lease_token_mismatch", "the lease token does not match", field="leaseToken")
     if lease.session_id != session.pk or lease.session_generation != generation:
         raise DomainError("lease_session_mismatch", "the lease belongs to another session", field="sessionId")
     attempt = RunAttempt.objects.get(pk=lease.attempt_id)
     run.revision  # noqa: B018 - load the pinned revision once, for outcome decisions
     return _Fenced(worker=worker, session=session, lease=lease, run=run, attempt=attempt, now=now)
+
+
+def _lease_cas(lease: RunDispatchLease, what: str, *, bump: bool = False, **fields) -> None:
+    """Write ``fields`` on an active lease only if it is still the lease this transaction read
+    (state, version, unexpired); raise ``lease_version_conflict`` if it is not."""
+    if bump:
+        fields["version"] = F("version") + 1
+    changed = RunDispatchLease.objects.filter(
+        pk=lease.pk, state=LeaseState.LEASED, version=lease.version, expires_at=lease.expires_at
+    ).update(**fields)
+    if changed != 1:
+        raise DomainError("lease_version_conflict", f"the lease changed under {what}", field="leaseVersion")
 
 
 def _check_version(lease: RunDispatchLease, expected: int) -> None:
@@ -306,12 +403,20 @@ def lease_starting(
     *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
     lease_token: str, offer_id: uuid.UUID, lease_version: int,
 ) -> AckResult:
-    """Starting ACK: the worker accepted the offer (SIBLINGS §3). Attempt claimed → starting.
+    """Starting ACK: the worker accepted the offer (ADR-0012 §3, SIBLINGS §3). Attempt claimed → starting.
 
-    The lease's expiry moves from the dispatch timeout to DB now + run lease TTL; its version does
-    not change (only renewals bump it). Repeating the ACK answers ``already_starting`` (or
-    ``already_running``) and writes nothing. ``cancel_requested`` tells the worker not to start.
-    Raises the fence codes, ``lease_offer_conflict``, ``lease_version_conflict``.
+    Arguments: the session fence, the lease fence (``attempt_id``, ``lease_generation`` ≥ 1,
+    ``lease_token``), the ``offer_id`` the lease was claimed with and the ``lease_version`` the
+    worker holds. Locks worker, then run. Writes: attempt → ``starting`` (+ ``attempt.starting``,
+    its lease-expiry projection), the lease's ``starting_at`` and expiry, moved from the dispatch
+    timeout to DB now + run lease TTL; the lease version does not change (only renewals bump it).
+    Repeating the ACK answers ``already_starting`` (or ``already_running``) and writes nothing.
+    A lease whose dispatch timeout lapsed refuses it (``lease_expired``, or ``lease_released``
+    once swept): the timeout's outcome stands. ``cancel_requested`` tells the worker not to start
+    (it then sends the ``cancelled`` start failure).
+
+    Raises: fence codes, ``lease_offer_conflict``, ``lease_version_conflict``, ``lease_expired``,
+    ``lease_released``, ``lease_completed``, ``lock_timeout``.
     """
     ctx = _fence(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
                  lease_generation=lease_generation, lease_token=lease_token)
@@ -323,12 +428,10 @@ def lease_starting(
     cancel = ctx.run.cancel_requested_at is not None
     if attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
         return AckResult(f"already_{attempt.state}", lease, cancel, _renew_interval())
-    move_attempt(attempt, AttemptState.STARTING, actor_type=ActorType.WORKER, actor=ctx.worker.name,
-                 data={"lease_generation": lease.lease_generation})
     expires = ctx.now + timedelta(seconds=protocol().run_lease_seconds)
-    RunDispatchLease.objects.filter(pk=lease.pk, version=lease.version, state=LeaseState.LEASED).update(
-        starting_at=ctx.now, expires_at=expires
-    )
+    _lease_cas(lease, "the starting ACK", starting_at=ctx.now, expires_at=expires)
+    move_attempt(attempt, AttemptState.STARTING, actor_type=ActorType.WORKER, actor=ctx.worker.name,
+                 data={"lease_generation": lease.lease_generation}, lease_expires_at=expires)
     lease.starting_at, lease.expires_at = ctx.now, expires
     return AckResult("starting", lease, cancel, _renew_interval())
 
@@ -341,12 +444,19 @@ def lease_running(
     *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
     lease_token: str, offer_id: uuid.UUID, lease_version: int, pid: int, pgid: int | None, executor_handle: str,
 ) -> AckResult:
-    """Running ACK: the executor owns a process (SIBLINGS §3). Attempt and run → running.
+    """Running ACK: the executor owns a process (ADR-0012 §3, SIBLINGS §3). Attempt and run → running.
 
-    ``pid``/``pgid`` and ``executor_handle`` (≤512 characters, e.g. ``pid=41 pgid=41 start=…``)
-    are recorded; ``started_at`` is DB time. A repeated ACK with the same handle answers
-    ``already_running``; a different handle is ``executor_handle_mismatch``; without a prior
-    starting ACK it is ``attempt_not_started``. Raises the fence codes as ``lease_starting``.
+    Arguments as :func:`lease_starting`, plus ``pid`` (1–2³¹−1), ``pgid`` (the process group the
+    worker kills on cancel, or None) and ``executor_handle`` (≤512 characters, e.g.
+    ``pid=41 pgid=41 start=…``). Locks worker, then run. Writes: attempt → ``running`` with the
+    handle and ``started_at`` = DB time, run → ``running``, the lease's ``running_at``, events
+    ``attempt.running`` and ``run.running``. A repeated ACK with the same handle answers
+    ``already_running`` and writes nothing; a different handle is ``executor_handle_mismatch``
+    (the handle is checked the same way on every later ACK); without a prior starting ACK it is
+    ``attempt_not_started``.
+
+    Raises: as :func:`lease_starting`, plus ``validation_failed`` (handle too long),
+    ``executor_handle_mismatch``, ``attempt_not_started``.
     """
     if len(executor_handle) > MAX_HANDLE:
         raise DomainError("validation_failed", f"at most {MAX_HANDLE} characters", field="executorHandle")
@@ -365,11 +475,11 @@ def lease_running(
         return AckResult("already_running", lease, cancel, _renew_interval())
     if attempt.state != AttemptState.STARTING:
         raise DomainError("attempt_not_started", "send the starting ACK first", field="attemptId")
+    _lease_cas(lease, "the running ACK", running_at=ctx.now)
     move_attempt(attempt, AttemptState.RUNNING, actor_type=ActorType.WORKER, actor=ctx.worker.name,
                  started_at=ctx.now, pid=pid, pgid=pgid, executor_handle=executor_handle)
     move_run(run, RunState.RUNNING, actor_type=ActorType.WORKER, actor=ctx.worker.name, started_at=ctx.now,
              data={"attempt": attempt.number})
-    RunDispatchLease.objects.filter(pk=lease.pk, version=lease.version).update(running_at=ctx.now)
     lease.running_at = ctx.now
     return AckResult("running", lease, cancel, _renew_interval())
 
@@ -388,11 +498,17 @@ def lease_start_failed(
 ) -> AckResult:
     """The worker could not (or must not) start the attempt: end it in one transaction (SIBLINGS §3).
 
-    ``reason``: ``executor_start_failed`` → failed (retried per policy), ``cancelled`` → cancelled
-    (e.g. the starting ACK said a cancel was requested), ``timed_out`` → timed out. Allowed from
-    ``starting`` (and from ``claimed`` for ``cancelled``). The lease completes with version + 1.
-    A resend after a lost answer (same expected version, same reason) replays; anything else on a
+    Arguments as :func:`lease_starting`, plus ``reason``: ``executor_start_failed`` → failed
+    (retried per the revision's ``retry_on``), ``cancelled`` → cancelled (only when the run has a
+    cancellation request, which the starting ACK or a heartbeat reported), ``timed_out`` → timed
+    out. Allowed from ``starting`` (and from ``claimed`` for ``cancelled``). Locks worker, then
+    run. Writes together: lease ``completed`` (version + 1, completion sequence 0), attempt
+    terminal, run terminal or ``retry_wait``, their events. A resend after a lost answer (same
+    expected version, same reason) replays the answer and writes nothing; anything else on a
     completed lease is ``lease_completed``.
+
+    Raises: as :func:`lease_starting`, plus ``validation_failed`` (reason), ``cancel_not_requested``,
+    ``attempt_not_started``/``attempt_already_started``.
     """
     if reason not in START_FAILURES:
         raise DomainError("validation_failed", f"must be one of {', '.join(START_FAILURES)}", field="reason")
@@ -415,10 +531,11 @@ def lease_start_failed(
                                                        and outcome == AttemptState.CANCELLED)):
         raise DomainError("attempt_already_started" if attempt.state == AttemptState.RUNNING else "attempt_not_started",
                           f"a start failure cannot end a {attempt.state} attempt", field="attemptId")
-    RunDispatchLease.objects.filter(pk=lease.pk, version=lease_version, state=LeaseState.LEASED).update(
-        state=LeaseState.COMPLETED, version=F("version") + 1, ended_at=ctx.now, completion_sequence=0,
-        completion_outcome=outcome,
-    )
+    if outcome == AttemptState.CANCELLED and run.cancel_requested_at is None:
+        raise DomainError("cancel_not_requested", "nobody asked to cancel this run; release the lease instead",
+                          field="reason")
+    _lease_cas(lease, "the start failure", bump=True, state=LeaseState.COMPLETED, ended_at=ctx.now,
+               completion_sequence=0, completion_outcome=outcome)
     lease.refresh_from_db()
     conclude_attempt(run, attempt, outcome, now=ctx.now, actor_type=ActorType.WORKER, actor=ctx.worker.name,
                      reason=reason)
@@ -433,26 +550,29 @@ def lease_renew(
     *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
     lease_token: str, lease_version: int,
 ) -> AckResult:
-    """Extend a started attempt's lease: CAS on the lease version, expiry = DB now + TTL.
+    """Extend a started attempt's lease (ADR-0012 §3, SIBLINGS §6 "Renew CASes lease version and projection").
 
-    Answers the new version and expiry and whether the run has a cancellation request (the
-    worker then stops the process and completes ``cancelled``). Renewing an unstarted lease is
-    ``attempt_not_started`` (the dispatch timeout bounds that phase). Raises the fence codes,
-    ``lease_version_conflict``.
+    Arguments: the session fence, the lease fence and ``lease_version`` (the version the worker
+    holds, ≥ 0). Locks worker, then run. Writes: a compare-and-swap on (lease state, version,
+    expiry) setting expiry = DB now + ``RUN_LEASE_SECONDS`` and version + 1, and the attempt's
+    expiry projection. Answers the new version and expiry and whether the run has a cancellation
+    request (the worker then kills the process group and completes ``cancelled``). Renewing an
+    unstarted lease is ``attempt_not_started`` (the dispatch timeout bounds that phase); a lapsed
+    lease cannot be renewed (``lease_expired``, ``lease_released`` once swept).
+
+    Raises: fence codes, ``lease_version_conflict``, ``lease_expired``, ``lease_released``,
+    ``lease_completed``, ``attempt_not_started``, ``lock_timeout``.
     """
     ctx = _fence(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
-                 lease_generation=lease_generation, lease_token=lease_token, lock_run_row=False)
+                 lease_generation=lease_generation, lease_token=lease_token)
     lease = ctx.lease
     _require_active(lease, ctx.now)
     _check_version(lease, lease_version)
     if ctx.attempt.state not in (AttemptState.STARTING, AttemptState.RUNNING):
         raise DomainError("attempt_not_started", "send the starting ACK first", field="attemptId")
     expires = ctx.now + timedelta(seconds=protocol().run_lease_seconds)
-    changed = RunDispatchLease.objects.filter(
-        pk=lease.pk, state=LeaseState.LEASED, version=lease_version, expires_at__gt=ctx.now
-    ).update(expires_at=expires, version=F("version") + 1)
-    if not changed:
-        raise DomainError("lease_version_conflict", "the lease changed under the renewal", field="leaseVersion")
+    _lease_cas(lease, "the renewal", bump=True, expires_at=expires)
+    update_attempt(ctx.attempt, lease_expires_at=expires)
     lease.expires_at, lease.version = expires, lease_version + 1
     return AckResult("renewed", lease, ctx.run.cancel_requested_at is not None, _renew_interval())
 
@@ -462,9 +582,16 @@ def lease_release(
     *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
     lease_token: str, lease_version: int,
 ) -> AckResult:
-    """Hand back an attempt that has not started; it returns to the queue under the same number.
+    """Hand back an attempt that has not started (ADR-0012 §3); it returns to the queue.
 
-    Raises the fence codes, ``lease_version_conflict``, ``attempt_already_started``.
+    Arguments: the session fence, the lease fence and ``lease_version``. Locks worker, then run.
+    Writes: lease ``released`` (``worker_release``, version + 1), the attempt's projection cleared
+    (it stays ``claimed`` under the same number and queue position — a release consumes no try),
+    ``lease.released``; if the run has a cancellation request the attempt and run are cancelled
+    instead. The next claim of the attempt uses a new lease generation.
+
+    Raises: fence codes, ``lease_version_conflict``, ``lease_expired``, ``lease_released``,
+    ``lease_completed``, ``attempt_already_started``, ``lock_timeout``.
     """
     ctx = _fence(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
                  lease_generation=lease_generation, lease_token=lease_token)
@@ -472,8 +599,9 @@ def lease_release(
     _check_version(ctx.lease, lease_version)
     if ctx.attempt.state != AttemptState.CLAIMED:
         raise DomainError("attempt_already_started", "a started attempt cannot be released", field="attemptId")
-    settle_lease(ctx.lease, reason=ReleaseReason.WORKER_RELEASE, now=ctx.now, actor_type=ActorType.WORKER,
-                 actor=ctx.worker.name, observed_version=lease_version)
+    if not settle_lease(ctx.lease, reason=ReleaseReason.WORKER_RELEASE, now=ctx.now, actor_type=ActorType.WORKER,
+                        actor=ctx.worker.name, observed_version=lease_version):
+        raise DomainError("lease_version_conflict", "the lease changed under the release", field="leaseVersion")
     ctx.lease.refresh_from_db()
     return AckResult("released", ctx.lease, ctx.run.cancel_requested_at is not None, _renew_interval())
 
@@ -522,18 +650,22 @@ def lease_complete(
     *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
     lease_token: str, completion: Completion,
 ) -> CompletionResult:
-    """Record an attempt's result under both fences, in one transaction (ADR-0012 §3).
+    """Record an attempt's result under both fences, in one transaction (ADR-0012 §3, PRODUCT invariant 6).
 
-    Checks the session fence and the lease fence (token digest, lease generation, session and
-    generation, not released, not expired by the DB clock), then writes together: lease
-    completed (version + 1, completion sequence and payload digest), attempt terminal (outcome,
-    exit code, output tails), run state (terminal, or retry wait per the revision's policy;
-    cancellation intent wins) and their events. An identical resend (same sequence and payload
-    digest) answers the same result and writes nothing; anything else for a completed lease is
-    ``lease_completed`` (409). ``succeeded`` requires exit code 0.
+    Arguments: the session fence, the lease fence and a :class:`Completion` (sequence ≥ 1,
+    outcome succeeded | failed | timed_out | cancelled, exit code −255…255 or None, output
+    tails ≤ 8 KiB each). Locks worker, then run. Checks the session fence and the lease fence
+    (token digest, lease generation, session and generation, not released, not expired by the DB
+    clock), then writes together: lease ``completed`` (version + 1, completion sequence and
+    payload digest), attempt terminal (outcome, exit code, output tails), run state (terminal,
+    or ``retry_wait`` per the revision's policy; cancellation intent wins) and their events
+    (``attempt.<outcome>``, ``run.<state>``, ``lease.completed``). An identical resend (same
+    sequence and payload digest) answers the same result and writes nothing; anything else for
+    a completed lease is ``lease_completed`` (409). Never a second result. ``succeeded``
+    requires exit code 0.
 
-    Raises: fence codes, ``lease_completed``, ``lease_released``, ``lease_expired``,
-    ``attempt_not_started``, ``validation_failed``.
+    Raises: ``validation_failed``, fence codes, ``lease_completed``, ``lease_released``,
+    ``lease_expired``, ``attempt_not_started``, ``lock_timeout``.
     """
     if completion.outcome not in OUTCOMES:
         raise DomainError("validation_failed", f"must be one of {', '.join(OUTCOMES)}", field="outcome")
@@ -550,14 +682,9 @@ def lease_complete(
     _require_active(lease, ctx.now)
     if attempt.state != AttemptState.RUNNING:
         raise DomainError("attempt_not_started", "send the running ACK before completing", field="attemptId")
-    changed = RunDispatchLease.objects.filter(
-        pk=lease.pk, state=LeaseState.LEASED, version=lease.version, expires_at__gt=ctx.now
-    ).update(
-        state=LeaseState.COMPLETED, version=F("version") + 1, ended_at=ctx.now,
-        completion_sequence=completion.sequence, completion_sha256=digest, completion_outcome=completion.outcome,
-    )
-    if not changed:
-        raise DomainError("lease_version_conflict", "the lease changed under the completion")
+    _lease_cas(lease, "the completion", bump=True, state=LeaseState.COMPLETED, ended_at=ctx.now,
+               completion_sequence=completion.sequence, completion_sha256=digest,
+               completion_outcome=completion.outcome)
     conclude_attempt(
         run, attempt, completion.outcome, now=ctx.now, actor_type=ActorType.WORKER, actor=ctx.worker.name,
         exit_code=completion.exit_code, stdout_tail=completion.stdout_tail, stderr_tail=completion.stderr_tail,
@@ -581,12 +708,20 @@ def lease_complete(
 
 @write_path
 def lease_expire(*, lease_id: uuid.UUID, observed_version: int) -> bool:
-    """Settle one lapsed lease if it is still lapsed at the version the sweep observed.
+    """Settle one lapsed lease if it is still lapsed at the version the sweep observed (SIBLINGS §1
+    ``expireWithLease``, ADR-0012 "not implemented yet": expiry/lost).
 
-    Unstarted attempt → back to the queue (``dispatch_timeout``); started → lost, then retried or
-    failed per policy (``lease_expired``). The CAS re-checks state, generation, expiry against the
-    DB clock and the observed version, so a renewal or completion that slipped in between the
-    sweep's read and this write wins and nothing is written. Returns whether it settled the lease.
+    Arguments: ``lease_id`` and ``observed_version``, one pair from :func:`expired_leases`.
+    Locks: the lease's worker row, then its run row (the order every lease write uses). Writes,
+    only if its own ``UPDATE … WHERE`` still finds the lease ``leased``, of the same lease
+    generation, at the observed version and expired by the DB clock read after the locks:
+    unstarted attempt → lease released (``dispatch_timeout``), attempt back in the queue under the
+    same number (no try consumed); started attempt → lease released (``lease_expired``), attempt
+    and run ``lost``, then ``retry_wait`` with an absolute next-attempt time, ``failed`` or
+    ``cancelled`` (``runs.outcomes``). A renewal or completion that committed between the sweep's
+    read and this write makes the CAS miss and nothing is written; several sweepers on the same
+    lease queue on the worker lock and all but one miss. Returns whether it settled the lease.
+    Raises only ``lock_timeout``/``storage_busy``.
     """
     lease = RunDispatchLease.objects.filter(pk=lease_id).first()
     if lease is None:
@@ -598,7 +733,8 @@ def lease_expire(*, lease_id: uuid.UUID, observed_version: int) -> bool:
 
 
 def expired_leases(*, batch: int | None = None) -> list[tuple[uuid.UUID, int]]:
-    """(lease id, version) of up to ``batch`` lapsed active leases, oldest expiry first."""
+    """(lease id, version) of up to ``batch`` (default ``SWEEP_BATCH``) lapsed active leases,
+    oldest expiry first, by the DB clock; served by the partial index ``lease_active_expiry``."""
     now = db_now()
     return list(
         RunDispatchLease.objects.filter(state=LeaseState.LEASED, expires_at__lte=now)
@@ -610,7 +746,17 @@ def expired_leases(*, batch: int | None = None) -> list[tuple[uuid.UUID, int]]:
 def sweep_expired_leases(*, batch: int | None = None) -> int:
     """Settle up to ``batch`` lapsed leases, one transaction each; return how many were settled.
 
-    Safe with several sweepers at once: each write is a CAS, so at most one settles a lease.
+    Called by ``qinglong.sweeps.run_cycle`` (Celery beat, ``manage.py sweep``, ``manage.py serve``).
+    Safe with several sweepers at once: each write is a CAS, so at most one settles a lease. A
+    lease whose worker row stays locked past the lock timeout (or SQLite stays busy) is left for
+    the next cycle; the others in the batch are still settled.
     """
-    return sum(lease_expire(lease_id=lease_id, observed_version=version)
-               for lease_id, version in expired_leases(batch=batch))
+    settled = 0
+    for lease_id, version in expired_leases(batch=batch):
+        try:
+            settled += lease_expire(lease_id=lease_id, observed_version=version)
+        except DomainError as exc:
+            if exc.code not in TRANSIENT_CODES:
+                raise
+            log.warning("lease %s not settled this cycle: %s", lease_id, exc.code)
+    return settled

@@ -8,8 +8,8 @@ was replaced, expired, forced offline or its worker revoked:
   observed) — zero rows changed means another transaction settled or renewed it first, and
   nothing else is written;
 * an attempt that never started (``claimed``) goes back to the queue under the same attempt
-  number (a dispatch timeout does not consume a try), or is cancelled if its run has a
-  cancellation request;
+  number and queue position (a dispatch timeout does not consume a try: the job never ran), or
+  is cancelled with its run if the run has a cancellation request;
 * an attempt that started (``starting``/``running``) is ``lost``; its run is reconciled in the
   same transaction by ``runs.outcomes.conclude_attempt`` (retry wait, failed or cancelled).
 
@@ -54,10 +54,18 @@ def settle_lease(
 ) -> bool:
     """Release ``lease`` and settle its attempt and run; return False if the CAS changed nothing.
 
-    ``expired_only`` adds ``expires_at <= now`` to the CAS (expiry sweep, claim takeover);
-    ``observed_version`` adds ``version = observed`` (a sweep must not undo a renewal that
-    landed after it looked). For a lapsed unstarted attempt the recorded reason is
-    ``dispatch_timeout`` and for a lapsed started one ``lease_expired``.
+    Arguments: ``lease`` as read (possibly stale; only its id, generation, worker, session, run
+    and attempt ids are trusted), ``reason`` a :class:`ReleaseReason`, ``now`` the DB clock read
+    after the caller's locks, the actor for the events. ``expired_only`` adds ``expires_at <= now``
+    to the CAS (expiry sweep, claim takeover); ``observed_version`` adds ``version = observed`` (a
+    sweep must not undo a renewal that landed after it looked). For a lapsed unstarted attempt the
+    recorded reason is ``dispatch_timeout`` and for a lapsed started one ``lease_expired``.
+
+    Locks: the run row (the caller holds the lease's worker row, or — claim takeover — its own).
+    Writes, only if the lease CAS hits: lease ``released`` (version + 1, ``ended_at``),
+    ``lease.released``, then the attempt and run as the module docstring says, with their events.
+    Raises ``invalid_run_transition``/``run_version_conflict`` only on a broken invariant.
+    SIBLINGS §1 (``expireWithLease``), §2 (cancel first); ADR-0012 §3.
     """
     run = lock_run(lease.run_id)
     attempt = RunAttempt.objects.get(pk=lease.attempt_id)
@@ -105,8 +113,11 @@ def settle_session_leases(
 ) -> int:
     """Settle every active lease of an ended session (its worker row is locked by the caller).
 
-    ``reason`` is the session's end reason (see :data:`SESSION_END_REASONS`). Leases are settled
-    in run-id order so that run locks follow one order. Returns how many were settled.
+    Called in the same transaction that replaces, fences (revocation), expires or forces offline
+    the session, so the session's end and its leases' settlement commit together (ADR-0012 §2–§3,
+    PRODUCT invariant 11). ``reason`` is the session's end reason (see
+    :data:`SESSION_END_REASONS`). Leases are settled in run-id order so that run locks follow one
+    order. Returns how many were settled.
     """
     release_reason = SESSION_END_REASONS[reason]
     leases = RunDispatchLease.objects.filter(session_id=session.pk, state=LeaseState.LEASED).order_by("run_id")
@@ -118,7 +129,9 @@ def settle_session_leases(
 def release_expired_lease_of(attempt: RunAttempt, *, now: datetime, actor_type: str, actor: str = "") -> None:
     """Release a lapsed (unswept) lease of an unstarted attempt that is being cancelled.
 
-    The caller holds the run lock and ends the attempt itself; this only revokes the lease.
+    The caller (``runs.services.run_cancel``) holds the run lock and ends the attempt itself; this
+    only revokes the lease, by a CAS that re-checks state and expiry (a live lease is untouched:
+    its worker learns of the cancellation instead).
     """
     RunDispatchLease.objects.filter(attempt_id=attempt.pk, state=LeaseState.LEASED, expires_at__lte=now).update(
         state=LeaseState.RELEASED, release_reason=ReleaseReason.CANCELLED, ended_at=now, version=F("version") + 1

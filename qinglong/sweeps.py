@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from leases.services import sweep_expired_leases
 from placement.services import refresh_placement_summaries
+from qinglong.errors import DomainError
 from runs.services import sweep_due_retries
 from workers.services import sweep_expired_sessions
 
@@ -31,13 +33,29 @@ class CycleReport:
         return any(asdict(self).values())
 
 
+def _step(name: str, sweep: Callable[[], int]) -> int:
+    """One step of the cycle; a transient refusal (lock timeout, busy store) skips only this step."""
+    try:
+        return sweep()
+    except DomainError as exc:
+        if exc.code not in ("lock_timeout", "storage_busy"):
+            raise
+        log.warning("sweep step %s skipped this cycle: %s", name, exc.code)
+        return 0
+
+
 def run_cycle() -> CycleReport:
-    """Expire lapsed sessions, settle lapsed leases, queue due retries, refresh pending summaries."""
+    """Expire lapsed sessions, settle lapsed leases, queue due retries, refresh pending summaries.
+
+    Each step is a bounded batch of single-item transactions (``QINGLONG_SWEEP_BATCH``) whose
+    writes re-check their preconditions in their own ``UPDATE … WHERE``; a step that meets a lock
+    timeout leaves its work for the next cycle without stopping the other steps. Returns counts.
+    """
     report = CycleReport(
-        sessions_expired=sweep_expired_sessions(),
-        leases_settled=sweep_expired_leases(),
-        retries_queued=sweep_due_retries(),
-        summaries_changed=refresh_placement_summaries(),
+        sessions_expired=_step("sessions", sweep_expired_sessions),
+        leases_settled=_step("leases", sweep_expired_leases),
+        retries_queued=_step("retries", sweep_due_retries),
+        summaries_changed=_step("summaries", refresh_placement_summaries),
     )
     if report.any():
         log.info("sweep cycle: %s", asdict(report))

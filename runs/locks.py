@@ -6,11 +6,16 @@ retry scheduling) locks only its run; a worker-scoped path locks the worker firs
 
 from __future__ import annotations
 
+import operator
 import uuid
+from collections.abc import Sequence
+from functools import reduce
+
+from django.db.models import Q
 
 from qinglong.errors import DomainError
 
-from .models import Run
+from .models import Run, RunAttempt
 
 
 def lock_run(run_id: uuid.UUID) -> Run:
@@ -21,10 +26,23 @@ def lock_run(run_id: uuid.UUID) -> Run:
     return run
 
 
-def try_lock_run(run_id: uuid.UUID) -> Run | None:
-    """Lock one run unless another transaction holds it (``SKIP LOCKED``); None if skipped/gone.
+def lock_candidates(candidates: Sequence[RunAttempt], *, limit: int) -> list[RunAttempt]:
+    """Lock the runs of up to ``limit`` queue candidates in one statement, in dispatch order.
 
-    Used by claims so that concurrent claimers move on to the next candidate instead of queueing
-    behind each other (PostgreSQL; on SQLite writers are already serialised).
+    ``candidates`` are rows of a dispatch-queue page (``runs.selectors``), each with its run's
+    version as the page saw it. ``SELECT … FOR UPDATE OF run SKIP LOCKED … LIMIT`` passes over a
+    run another transaction holds, and — because PostgreSQL re-checks the condition on the newest
+    row version after locking — over a run that changed since the page was read (every claim and
+    cancel bumps the run's version); it never waits, and never locks a row it does not return.
+    Returns the whole attempts with their runs and pinned revisions; the caller re-checks each
+    attempt's state under the lock. On SQLite the write transaction already excludes everyone.
     """
-    return Run.objects.select_for_update(of=("self",), skip_locked=True).filter(pk=run_id).first()
+    if not candidates or limit < 1:
+        return []
+    which = reduce(operator.or_, (Q(pk=c.pk, run__version=c.run.version) for c in candidates))
+    return list(
+        RunAttempt.objects.select_related("run__revision")
+        .select_for_update(of=("run",), skip_locked=True)
+        .filter(which)
+        .order_by("-priority", "ready_at", "id")[:limit]
+    )

@@ -17,7 +17,7 @@ from django.db.models import Q
 
 from protocol.ids import uuid7
 
-from .states import ATTEMPT_LIVE, ATTEMPT_TERMINAL, RUN_TERMINAL, AttemptState, RunState
+from .states import ATTEMPT_LIVE, ATTEMPT_STARTED, ATTEMPT_TERMINAL, RUN_TERMINAL, AttemptState, RunState
 
 
 class Task(models.Model):
@@ -113,6 +113,22 @@ class Run(models.Model):
                 condition=~Q(state=RunState.RETRY_WAIT) | Q(next_attempt_at__isnull=False),
                 name="run_retry_wait_has_time",
             ),
+            # The state machine's facts, backed by the database (SIBLINGS §1): only a waiting run
+            # has a next-attempt time, only an ended run has an end, a running run has a start,
+            # and every run past `created` owns at least one attempt.
+            models.CheckConstraint(
+                condition=Q(state=RunState.RETRY_WAIT) | Q(next_attempt_at__isnull=True),
+                name="run_next_attempt_only_when_waiting",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=RUN_TERMINAL) | Q(finished_at__isnull=True), name="run_live_has_no_end"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=RunState.RUNNING) | Q(started_at__isnull=False), name="run_running_has_start"
+            ),
+            models.CheckConstraint(
+                condition=Q(state=RunState.CREATED) | Q(attempt_count__gte=1), name="run_has_attempts_once_queued"
+            ),
             models.CheckConstraint(
                 condition=Q(priority__gte=-100) & Q(priority__lte=100), name="run_priority_range"
             ),
@@ -169,6 +185,19 @@ class RunAttempt(models.Model):
                 name="attempt_terminal_has_end",
             ),
             models.CheckConstraint(condition=Q(number__gte=1), name="attempt_number_positive"),
+            models.CheckConstraint(
+                condition=Q(state__in=ATTEMPT_TERMINAL) | Q(finished_at__isnull=True), name="attempt_live_has_no_end"
+            ),
+            # starting/running exist only under a lease a session claimed (SIBLINGS §3) ...
+            models.CheckConstraint(
+                condition=~Q(state__in=ATTEMPT_STARTED) | (Q(session_id__isnull=False) & Q(lease_generation__gte=1)),
+                name="attempt_started_under_a_lease",
+            ),
+            # ... and running exists only once the executor reported its process (running ACK).
+            models.CheckConstraint(
+                condition=~Q(state=AttemptState.RUNNING) | (Q(started_at__isnull=False) & Q(pid__isnull=False)),
+                name="attempt_running_has_process",
+            ),
         ]
         indexes = [
             # The dispatch queue: keyset over (priority desc, FIFO, id) among attempts awaiting a lease.

@@ -3,7 +3,9 @@
 Helpers for write paths that already hold the run lock; they open no transaction.
 
 * Cancellation intent wins: once ``cancel_requested_at`` is set, the run ends ``cancelled``
-  whatever the attempt reports, and a lost attempt is never retried.
+  whatever the attempt reports. A lost attempt of such a run is recorded ``cancelled`` (its
+  ``outcome_reason`` keeps why its lease ended) and is never retried (SIBLINGS §2 "lost-retry:
+  cancel first").
 * ``succeeded`` ends the run ``succeeded``.
 * ``failed``/``timed_out`` retry (run → ``retry_wait`` with an absolute next-attempt time) when the
   outcome is in the revision's ``retry_on`` and attempts remain; otherwise the run takes the
@@ -58,6 +60,14 @@ def conclude_attempt(
     Precondition: the caller holds the run lock. Raises ``invalid_run_transition`` when the
     attempt or run is not in a state that can end this way.
     """
+    if outcome == AttemptState.LOST and run.cancel_requested_at is not None:
+        # Cancel first: the run was to stop anyway, so its lost attempt ends cancelled and the
+        # run with it, in this transaction; no retry, no `lost` detour.
+        move_attempt(attempt, AttemptState.CANCELLED, actor_type=actor_type, actor=actor,
+                     data={"reason": reason or "lost", "lost": True}, finished_at=now,
+                     outcome_reason=reason or "lost", **attempt_fields)
+        return move_run(run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
+                        next_attempt_at=None, error_class="cancelled_by_user")
     move_attempt(
         attempt,
         outcome,
@@ -72,11 +82,6 @@ def conclude_attempt(
     exit_code = attempt_fields.get("exit_code")
     if outcome == AttemptState.LOST:
         move_run(run, RunState.LOST, actor_type=actor_type, actor=actor, data={"attempt": attempt.number})
-        if run.cancel_requested_at is not None:
-            return move_run(
-                run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
-                error_class="cancelled_by_user",
-            )
         if _may_retry(revision, attempt, outcome):
             return _retry_wait(run, attempt, now=now, actor_type=actor_type, actor=actor)
         return move_run(

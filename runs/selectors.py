@@ -30,17 +30,18 @@ def latest_revision(task: Task) -> TaskRevision:
 
 QueueCursor = tuple[int, datetime, object]
 
+#: What a candidate row carries: its queue position and state, its run's version (a claim locks
+#: the run only if it is still at that version) and its run's pinned placement.
+#: Nothing large (commands, env, output tails) — a claim loads the revision of the one attempt it
+#: actually claims, under that run's row lock.
+CANDIDATE_FIELDS = (
+    "id", "run_id", "state", "priority", "ready_at", "lease_expires_at", "lease_generation",
+    "run__id", "run__version", "run__revision", "run__revision__placement", "run__revision__placement_sha256",
+)
 
-def dispatch_queue_page(*, now: datetime, after: QueueCursor | None = None,
-                        size: int = QUEUE_PAGE) -> list[RunAttempt]:
-    """One page of attempts awaiting a run lease, in dispatch order (priority desc, FIFO, id).
 
-    Served by the partial index ``attempt_dispatch_queue`` (state = claimed), so a page costs the
-    same with 100 or 100,000 waiting attempts. An attempt whose lease is still live is skipped;
-    one whose unstarted lease lapsed is included (the claim takes it over). Runs with a
-    cancellation request are excluded. ``after`` is the (priority, ready_at, id) of the last row
-    of the previous page.
-    """
+def dispatch_queue_queryset(*, now: datetime, after: QueueCursor | None = None) -> QuerySet[RunAttempt]:
+    """The dispatch queue as a queryset, in dispatch order (see :func:`dispatch_queue_page`)."""
     queryset: QuerySet[RunAttempt] = (
         RunAttempt.objects.filter(state=AttemptState.CLAIMED)
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
@@ -53,8 +54,23 @@ def dispatch_queue_page(*, now: datetime, after: QueueCursor | None = None,
             | Q(priority=priority, ready_at__gt=ready_at)
             | Q(priority=priority, ready_at=ready_at, id__gt=attempt_id)
         )
-    return list(
-        queryset.select_related("run", "run__revision", "run__task").order_by("-priority", "ready_at", "id")[
-            : min(size, QUEUE_PAGE)
-        ]
+    return (
+        queryset.select_related("run__revision")
+        .only(*CANDIDATE_FIELDS)
+        .order_by("-priority", "ready_at", "id")
     )
+
+
+def dispatch_queue_page(*, now: datetime, after: QueueCursor | None = None,
+                        size: int = QUEUE_PAGE) -> list[RunAttempt]:
+    """One page of attempts awaiting a run lease, in dispatch order (priority desc, FIFO, id).
+
+    ``now`` is the database clock; ``after`` the (priority, ready_at, id) of the last row of the
+    previous page (keyset pagination, never OFFSET); ``size`` is capped at 64 (ADR-0012 §4,
+    SIBLINGS §4–§5). Served by the partial index ``attempt_dispatch_queue`` (state = claimed), so
+    a page costs the same with 100 or 100,000 waiting attempts (``bench/claim.py`` prints the
+    plan). An attempt whose lease is still live is skipped; one whose unstarted lease lapsed is
+    included (the claim takes it over). Runs with a cancellation request are excluded. A row
+    here is a candidate, never a claim: the claim re-checks it under the run's row lock.
+    """
+    return list(dispatch_queue_queryset(now=now, after=after)[: min(size, QUEUE_PAGE)])

@@ -6,6 +6,7 @@ One public function per write path, each one transaction (``qinglong.db.write_pa
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from .locks import lock_run
 from .models import LostRetry, Run, RunAttempt, Task, TaskRevision
 from .states import ATTEMPT_LIVE, RUN_TERMINAL, AttemptState, RunState
 from .transitions import bump_run, move_attempt, move_run
+
+log = logging.getLogger(__name__)
 
 EXECUTORS = ("shell", "python", "node")
 MAX_COMMAND_BYTES = 64 * 1024
@@ -221,6 +224,9 @@ def run_cancel(*, run_id: uuid.UUID, reason: str = "", actor_type: str = ActorTy
     and completes ``cancelled``. If that worker vanishes, lease settlement cancels instead of
     retrying. No new attempt is ever created for a cancel-requested run.
 
+    Locks: the run row. Writes (first request only): ``cancel_requested_at`` = DB now, the
+    reason, version + 1, ``run.cancel_requested``; for an unleased attempt also attempt and run
+    ``cancelled`` with their events (a lapsed, unswept lease of it is released ``cancelled``).
     Returns the run and ``requested``/``already_requested``/``already_terminal``.
     Raises ``run_not_found``, ``validation_failed`` (reason over 200 characters).
     """
@@ -248,7 +254,7 @@ def run_cancel(*, run_id: uuid.UUID, reason: str = "", actor_type: str = ActorTy
             move_attempt(live, AttemptState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
                          outcome_reason="cancelled_by_user")
         move_run(run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
-                 error_class="cancelled_by_user")
+                 next_attempt_at=None, error_class="cancelled_by_user")
     return CancelResult(run, "requested")
 
 
@@ -258,7 +264,9 @@ def run_requeue(*, run_id: uuid.UUID) -> Run | None:
 
     All or nothing: run → queued, ``attempt_count`` + 1, a new ``claimed`` attempt (which shares
     no worker, session, lease or handle with earlier ones), ``run.queued`` + ``attempt.claimed``.
-    Returns None (writes nothing) if the run is not due or no longer waiting.
+    A run whose cancellation was requested meanwhile is cancelled instead. Locks: the run row;
+    due-ness is re-checked against the DB clock after the lock. Returns None (writes nothing)
+    if the run is not due or no longer waiting.
     """
     run = lock_run(run_id)
     now = db_now()
@@ -266,7 +274,7 @@ def run_requeue(*, run_id: uuid.UUID) -> Run | None:
         return None
     if run.cancel_requested_at is not None:
         return move_run(run, RunState.CANCELLED, actor_type=ActorType.RECONCILER, finished_at=now,
-                        error_class="cancelled_by_user")
+                        next_attempt_at=None, error_class="cancelled_by_user")
     number = run.attempt_count + 1
     move_run(run, RunState.QUEUED, actor_type=ActorType.RECONCILER, attempt_count=number, next_attempt_at=None)
     _new_attempt(run, number, now, ActorType.RECONCILER, "")
@@ -274,12 +282,22 @@ def run_requeue(*, run_id: uuid.UUID) -> Run | None:
 
 
 def sweep_due_retries(*, batch: int | None = None) -> int:
-    """Requeue up to ``batch`` due ``retry_wait`` runs, one transaction each; return how many."""
+    """Requeue up to ``batch`` (default ``SWEEP_BATCH``) due ``retry_wait`` runs, one transaction
+    each, oldest due first (partial index ``run_retry_due``); return how many were queued. Safe
+    with several sweepers: each requeue re-checks under the run lock."""
     now = db_now()
     due = list(
         Run.objects.filter(state=RunState.RETRY_WAIT, next_attempt_at__lte=now)
         .order_by("next_attempt_at")
         .values_list("pk", flat=True)[: batch or protocol().sweep_batch]
     )
-    return sum(1 for run_id in due if run_requeue(run_id=run_id) is not None)
+    queued = 0
+    for run_id in due:
+        try:
+            queued += run_requeue(run_id=run_id) is not None
+        except DomainError as exc:
+            if exc.code not in ("lock_timeout", "storage_busy"):
+                raise
+            log.warning("run %s not requeued this cycle: %s", run_id, exc.code)  # the next cycle retries
+    return queued
 

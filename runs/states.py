@@ -39,6 +39,8 @@ R, A = RunState, AttemptState
 RUN_TERMINAL = (R.SUCCEEDED, R.FAILED, R.CANCELLED, R.TIMED_OUT)
 ATTEMPT_TERMINAL = (A.SUCCEEDED, A.FAILED, A.CANCELLED, A.TIMED_OUT, A.LOST)
 ATTEMPT_LIVE = (A.CLAIMED, A.STARTING, A.RUNNING)
+#: A worker accepted the attempt (starting ACK); only a lease lapse or an outcome ends it now.
+ATTEMPT_STARTED = (A.STARTING, A.RUNNING)
 
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     R.CREATED: frozenset({R.QUEUED, R.CANCELLED}),

@@ -35,14 +35,18 @@ class ClaimSerializer(FenceSerializer):
     offers = OfferRequestSerializer(many=True, min_length=1, max_length=MAX_OFFERS_PER_CLAIM)
 
 
+#: Lease generations and versions are stored as 32-bit integers; a larger number names no lease.
+MAX_COUNTER = 2**31 - 1
+
+
 class LeaseFenceSerializer(FenceSerializer):
     attemptId = serializers.UUIDField()
-    leaseGeneration = StrictIntegerField(min_value=1)
+    leaseGeneration = StrictIntegerField(min_value=1, max_value=MAX_COUNTER)
     leaseToken = LeaseTokenField()
 
 
 class VersionedLeaseSerializer(LeaseFenceSerializer):
-    leaseVersion = StrictIntegerField(min_value=0)
+    leaseVersion = StrictIntegerField(min_value=0, max_value=MAX_COUNTER)
 
 
 class AckSerializer(VersionedLeaseSerializer):

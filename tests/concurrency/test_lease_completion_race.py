@@ -1,0 +1,52 @@
+"""Duplicate and conflicting completions racing on separate connections (PRODUCT invariant 6):
+identical resends give one result and identical answers; different results give one winner and
+one ``lease_completed`` conflict — never a second result."""
+
+from __future__ import annotations
+
+import pytest
+
+from audit.models import Event
+from qinglong.errors import DomainError
+from runs.models import Run, RunAttempt
+from tests.concurrency.threads import race
+from tests.helpers import enqueue, enrolled_worker, make_revision, register
+from tests.leases.flows import claim_one, complete, start
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+TERMINAL_EVENTS = ("run.succeeded", "run.failed", "run.cancelled", "run.timed_out")
+
+
+@pytest.fixture
+def running():
+    session = register(enrolled_worker())
+    run = enqueue(make_revision())
+    return start(claim_one(session)), run
+
+
+def test_identical_completions_racing_record_one_result_and_answer_alike(running):
+    held, run = running
+    results = race(*[lambda: complete(held, stdout="same\n")] * 3)
+    assert [kind for kind, _ in results] == ["ok"] * 3, results
+    assert len({value for _, value in results}) == 1
+    assert Event.objects.filter(run_id=run.pk, kind="lease.completed").count() == 1
+    assert Event.objects.filter(run_id=run.pk, kind__in=TERMINAL_EVENTS).count() == 1
+    assert Run.objects.get(pk=run.pk).state == "succeeded"
+
+
+def test_conflicting_completions_racing_have_exactly_one_winner(running):
+    held, run = running
+    results = race(
+        lambda: complete(held, outcome="succeeded", exit_code=0),
+        lambda: complete(held, outcome="failed", exit_code=9),
+    )
+    winners = [value for kind, value in results if kind == "ok"]
+    losers = [value for kind, value in results if kind == "error"]
+    assert len(winners) == 1 and len(losers) == 1, results
+    assert isinstance(losers[0], DomainError) and losers[0].code == "lease_completed"
+    run.refresh_from_db()
+    assert run.state == winners[0].outcome
+    assert RunAttempt.objects.get(run=run).state == winners[0].outcome
+    assert Event.objects.filter(run_id=run.pk, kind="lease.completed").count() == 1
+    assert Event.objects.filter(run_id=run.pk, kind__in=TERMINAL_EVENTS).count() == 1
