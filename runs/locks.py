@@ -26,6 +26,14 @@ def lock_run(run_id: uuid.UUID) -> Run:
     return run
 
 
+def try_lock_run(run_id: uuid.UUID) -> Run | None:
+    """Lock one run unless another transaction holds it (``SKIP LOCKED``); None if skipped or gone.
+
+    For background writers (placement summaries) that must never queue behind a claim.
+    """
+    return Run.objects.select_for_update(of=("self",), skip_locked=True).filter(pk=run_id).first()
+
+
 def lock_candidates(candidates: Sequence[RunAttempt], *, limit: int) -> list[RunAttempt]:
     """Lock the runs of up to ``limit`` queue candidates in one statement, in dispatch order.
 

@@ -46,9 +46,10 @@ def _fresh_cache():
 
     Only the locmem cache is cleared: ``clear()`` on a Redis cache would FLUSHDB a shared server.
     """
-    from django.core.cache import cache
+    from django.core.cache import caches
     from django.core.cache.backends.locmem import LocMemCache
 
+    cache = caches["default"]
     if isinstance(cache, LocMemCache):
         cache.clear()
     yield

@@ -307,14 +307,7 @@ def test_a_forced_offline_session_settles_its_leases(two_leases):
             expected_version=session.version,
         )
     assert refused.value.code == "session_has_active_leases"
-    worker_services.session_offline(
-        worker_id=worker.worker_id,
-        session_id=session.session_id,
-        generation=1,
-        expected_version=session.version,
-        force=True,
-        actor_type="operator",
-    )
+    worker_services.session_operator_offline(worker_id=worker.worker_id, force=True, actor="operator")
     _assert_settled(started, unstarted, "session_offline")
 
 

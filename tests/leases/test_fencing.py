@@ -136,14 +136,7 @@ def fault_expired_session(world):
 
 def fault_offline_session(world):
     session = world["session"]
-    worker_services.session_offline(
-        worker_id=session.worker.worker_id,
-        session_id=session.session_id,
-        generation=1,
-        expected_version=session.version,
-        force=True,
-        actor_type="operator",
-    )
+    worker_services.session_operator_offline(worker_id=session.worker.worker_id, force=True, actor="operator")
     return world["api"], _args(world), {}.get, "session_offline"
 
 
