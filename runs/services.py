@@ -94,7 +94,8 @@ def _validate(spec: RevisionSpec) -> placement_spec.PlacementSpec:
     if not spec.retry_backoff_seconds <= spec.retry_backoff_max_seconds <= 86400:
         raise DomainError("validation_failed", "must be between backoffSeconds and 86400", field="retry.backoffMaxSeconds")
     try:
-        return placement_spec.normalise(spec.placement or {}, executor=spec.executor)
+        placement = {} if spec.placement is None else spec.placement
+        return placement_spec.normalise(placement, executor=spec.executor)
     except ProtocolError as exc:
         raise DomainError(exc.code, exc.message, field=f"placement.{exc.field}" if exc.field else "placement") from None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from protocol.wire import MAX_OFFERS_PER_CLAIM, OUTPUT_TAIL_BYTES
-from qinglong.api.base import StrictCharField, StrictIntegerField, StrictSerializer
+from qinglong.api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
 from workers.api.serializers import FenceSerializer
 
 from ..offers import Offer
@@ -27,7 +27,7 @@ class LeaseTokenField(StrictCharField):
 
 
 class OfferRequestSerializer(StrictSerializer):
-    offerId = serializers.UUIDField()
+    offerId = StrictUUIDField()
     leaseToken = LeaseTokenField()
 
 
@@ -40,7 +40,7 @@ MAX_COUNTER = 2**31 - 1
 
 
 class LeaseFenceSerializer(FenceSerializer):
-    attemptId = serializers.UUIDField()
+    attemptId = StrictUUIDField()
     leaseGeneration = StrictIntegerField(min_value=1, max_value=MAX_COUNTER)
     leaseToken = LeaseTokenField()
 
@@ -50,7 +50,7 @@ class VersionedLeaseSerializer(LeaseFenceSerializer):
 
 
 class AckSerializer(VersionedLeaseSerializer):
-    offerId = serializers.UUIDField()
+    offerId = StrictUUIDField()
 
 
 class RunningAckSerializer(AckSerializer):

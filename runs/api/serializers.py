@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from qinglong.api.base import StrictCharField, StrictIntegerField, StrictSerializer
+from qinglong.api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
 
 from ..models import LostRetry
 from ..services import EXECUTORS, RETRYABLE_OUTCOMES, RevisionSpec
@@ -38,7 +38,7 @@ class RevisionInSerializer(StrictSerializer):
             command=data["command"],
             timeout_seconds=data["timeoutSeconds"],
             env=data.get("env") or {},
-            placement=data.get("placement") or {},
+            placement=data["placement"],
             max_attempts=retry["maxAttempts"],
             retry_on=tuple(retry["retryOn"]),
             lost_retry=retry["lostRetry"],
@@ -54,7 +54,7 @@ class TaskInSerializer(RevisionInSerializer):
 
 class EnqueueSerializer(StrictSerializer):
     task = StrictCharField(max_length=100, required=False, help_text="task name: runs its newest revision")
-    revisionId = serializers.UUIDField(required=False)
+    revisionId = StrictUUIDField(required=False)
     priority = StrictIntegerField(min_value=-100, max_value=100, default=0)
 
     def validate(self, attrs):
@@ -83,12 +83,12 @@ class AttemptOutSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     number = serializers.IntegerField()
     state = serializers.CharField()
-    workerName = serializers.CharField(source="worker.name", default=None)
+    workerName = serializers.CharField(source="worker.name", default=None, allow_null=True)
     leaseGeneration = serializers.IntegerField(source="lease_generation")
-    exitCode = serializers.IntegerField(source="exit_code")
+    exitCode = serializers.IntegerField(source="exit_code", allow_null=True)
     outcomeReason = serializers.CharField(source="outcome_reason")
-    startedAt = serializers.DateTimeField(source="started_at")
-    finishedAt = serializers.DateTimeField(source="finished_at")
+    startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
+    finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
     stdoutTail = serializers.CharField(source="stdout_tail")
     stderrTail = serializers.CharField(source="stderr_tail")
 
@@ -102,17 +102,17 @@ class RunOutSerializer(serializers.Serializer):
     state = serializers.CharField()
     priority = serializers.IntegerField()
     attemptCount = serializers.IntegerField(source="attempt_count")
-    nextAttemptAt = serializers.DateTimeField(source="next_attempt_at")
-    cancelRequestedAt = serializers.DateTimeField(source="cancel_requested_at")
+    nextAttemptAt = serializers.DateTimeField(source="next_attempt_at", allow_null=True)
+    cancelRequestedAt = serializers.DateTimeField(source="cancel_requested_at", allow_null=True)
     cancelReason = serializers.CharField(source="cancel_reason")
-    exitCode = serializers.IntegerField(source="exit_code")
+    exitCode = serializers.IntegerField(source="exit_code", allow_null=True)
     errorClass = serializers.CharField(source="error_class")
-    placementSummary = serializers.JSONField(source="placement_summary",
+    placementSummary = serializers.JSONField(source="placement_summary", allow_null=True,
                                              help_text="why it waits: {category: live workers}")
-    placementCheckedAt = serializers.DateTimeField(source="placement_checked_at")
+    placementCheckedAt = serializers.DateTimeField(source="placement_checked_at", allow_null=True)
     createdAt = serializers.DateTimeField(source="created_at")
-    startedAt = serializers.DateTimeField(source="started_at")
-    finishedAt = serializers.DateTimeField(source="finished_at")
+    startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
+    finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
     attempts = AttemptOutSerializer(many=True)
 
 

@@ -7,12 +7,8 @@ endpoints anonymous, with a staff token, and signed with a worker key (always re
 answer must be no 5xx, a status the schema documents, JSON, and a body matching the documented
 schema; a signed schema-violating request must never be accepted.
 
-Known violation, not in this engineer's files: ``runs/api/serializers.py`` declares nullable
-run and attempt fields (``exitCode``, ``startedAt``, ``workerName`` …) as non-null, so the
-schema promises values the answers do not have. Until its owner fixes it, the operations
-returning runs are fuzzed for everything but their success bodies (``KNOWN_SCHEMA_BUGS``) and
-``test_run_answers_match_the_schema`` pins the violation as a strict xfail: it starts failing,
-as a reminder to drop both, the day the serializers are right.
+``test_run_answers_match_the_schema`` additionally checks real run answers (nullable run and
+attempt fields included) against the schema, since random inputs rarely reach an existing run.
 
 The number of examples per operation and mode is bounded (``QINGLONG_FUZZ_EXAMPLES``, default
 12) and the run is derandomised so that `make test` is reproducible; set
@@ -32,7 +28,6 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.core import NOT_SET
-from schemathesis.core.failures import FailureGroup
 from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -65,13 +60,6 @@ def _operations() -> list[tuple[str, str]]:
 
 
 OPERATIONS = _operations()
-#: Operations whose success answers carry RunOut (see the module docstring).
-KNOWN_SCHEMA_BUGS = {
-    ("GET", "/api/v1/ops/runs"),
-    ("POST", "/api/v1/ops/runs"),
-    ("GET", "/api/v1/ops/runs/{run_id}"),
-    ("POST", "/api/v1/ops/runs/{run_id}/cancel"),
-}
 WORKER_MODES = ("unsigned", "signed")
 OPERATOR_MODES = ("anonymous", "staff", "worker-signed")
 CASES = [
@@ -161,8 +149,6 @@ def test_fuzz_operation(schema, callers, method, path, mode):
     worker, staff_token, ids = callers
     operation = schema[path][method]
     checks = CHECKS
-    if mode == "staff" and (method, path) in KNOWN_SCHEMA_BUGS:
-        checks = [check for check in CHECKS if check is not response_schema_conformance]
     strategy = operation.as_strategy(generation_mode=GenerationMode.POSITIVE) | operation.as_strategy(
         generation_mode=GenerationMode.NEGATIVE
     )
@@ -207,11 +193,6 @@ def test_fuzz_operation(schema, callers, method, path, mode):
     fuzz()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=FailureGroup,  # the schema violation itself, nothing else
-    reason="runs/api/serializers.py declares nullable RunOut/AttemptOut fields non-null (reported)",
-)
 def test_run_answers_match_the_schema(schema, callers):
     _, staff_token, ids = callers
     headers = {"Authorization": f"Token {staff_token}"}

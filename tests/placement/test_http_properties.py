@@ -78,14 +78,13 @@ def test_generated_invalid_placements_get_a_4xx_naming_the_field(ops, case):
     assert stored() == before
 
 
-# A falsy non-object placement ([], 0, false, "") is replaced by {} in runs/api before the spec
-# sees it (reported as a bug in runs/api/serializers.py; see the strict xfail test below), and
-# null is refused by DRF itself (test_null_placement_is_refused_naming_it).
-TRUTHY_JSON = JSON.filter(bool)
+# null is refused by DRF itself (test_null_placement_is_refused_naming_it); every other value
+# reaches the spec as it was sent — falsy ones included (test_falsy_non_object_placement_is_refused).
+NON_NULL_JSON = JSON.filter(lambda value: value is not None)
 
 
 @HTTP
-@given(value=TRUTHY_JSON)
+@given(value=NON_NULL_JSON)
 def test_arbitrary_json_placements_get_the_pure_functions_answer(ops, value):
     before = stored()
     answer = ops.post("/api/v1/ops/tasks", strictjson.dumps(task_body(value)))
@@ -108,7 +107,6 @@ def test_null_placement_is_refused_naming_it(ops):
     assert Task.objects.count() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="runs/api/serializers.py: `placement or {}` turns [] / 0 / false / '' into {}")
 @pytest.mark.parametrize("falsy", [[], 0, False, ""])
 def test_falsy_non_object_placement_is_refused(ops, falsy):
     answer = ops.post("/api/v1/ops/tasks", strictjson.dumps(task_body(falsy)))
