@@ -31,11 +31,17 @@ _DRF_CODES: list[tuple[type[drf.APIException], str]] = [
 
 
 def first_error(detail: Any, path: str = "") -> tuple[str, str]:
-    """Walk DRF's nested error detail to the first leaf: (field path, message)."""
+    """Walk DRF's nested error detail to the first leaf: (field path, message).
+
+    Paths use the protocol's spelling: ``offers[0].leaseToken``, ``retry.retryOn[1]`` (DRF keys
+    list items by integer in some errors and by position in others; both become ``[i]``).
+    """
     if isinstance(detail, dict):
         for key, value in detail.items():
             if key in ("non_field_errors", "__all__"):
                 return first_error(value, path)
+            if isinstance(key, int):
+                return first_error(value, f"{path}[{key}]")
             child = f"{path}.{key}" if path else str(key)
             return first_error(value, child)
         return path, "invalid"
@@ -78,7 +84,8 @@ def _handle(exc: Exception) -> Response | None:
         return _response(exc.code, exc.message, exc.field)
     if isinstance(exc, drf.ValidationError):
         field, message = first_error(exc.detail)
-        return _response("validation_failed", message, field)
+        # An error about the document itself (a list where an object belongs) names the body.
+        return _response("validation_failed", message, field or "body")
     if isinstance(exc, drf.APIException):
         for exc_type, code in _DRF_CODES:
             if isinstance(exc, exc_type):

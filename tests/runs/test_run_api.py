@@ -82,11 +82,10 @@ def test_cancel_of_a_running_run_is_recorded_and_the_run_keeps_running_until_the
     [
         ("/api/v1/ops/tasks", {**TASK, "retry": {**TASK["retry"], "maxAttempts": 0}}, "retry.maxAttempts"),
         ("/api/v1/ops/tasks", {**TASK, "retry": {**TASK["retry"], "maxAttempts": 21}}, "retry.maxAttempts"),
-        # DRF reports a ListField child as ".0" (qinglong.api.exceptions), services as "[0]"
         (
             "/api/v1/ops/tasks",
             {**TASK, "retry": {**TASK["retry"], "retryOn": ["succeeded"]}},
-            "retry.retryOn.0",
+            "retry.retryOn[0]",
         ),
         ("/api/v1/ops/tasks", {**TASK, "retry": {**TASK["retry"], "lostRetry": "always"}}, "retry.lostRetry"),
         (
