@@ -70,10 +70,13 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def schema():
+def schema(django_db_blocker):
     from django.core.wsgi import get_wsgi_application
 
-    return schemathesis.openapi.from_wsgi("/api/v1/schema?format=json", get_wsgi_application())
+    # Fetching the schema is a WSGI request, whose request_started signal touches the database
+    # connection; a module-scoped fixture runs outside any test's database access.
+    with django_db_blocker.unblock():
+        return schemathesis.openapi.from_wsgi("/api/v1/schema?format=json", get_wsgi_application())
 
 
 @pytest.fixture
