@@ -168,9 +168,11 @@ def _create_lease(worker: Worker, session: WorkerSession, run: Run, attempt: Run
     )
     facts = {"lease_generation": lease.lease_generation, "attempt": attempt.number, "score": score}
     if run.state == RunState.QUEUED:
-        move_run(run, RunState.DISPATCHING, actor_type=ActorType.WORKER, actor=worker.name, data=facts)
+        move_run(run, RunState.DISPATCHING, actor_type=ActorType.WORKER, actor=worker.name, data=facts,
+                 placement_summary=None)
     else:  # the same attempt, dispatched again under a new lease generation
-        bump_run(run, "run.dispatching", actor_type=ActorType.WORKER, actor=worker.name, data=facts)
+        bump_run(run, "run.dispatching", actor_type=ActorType.WORKER, actor=worker.name, data=facts,
+                 placement_summary=None)
     record(
         "lease.claimed",
         actor_type=ActorType.WORKER,
@@ -299,6 +301,7 @@ def lease_claim(
                             continue
                 _, request = next(requests)
                 claimed.append(_create_lease(worker, session, run, attempt, request, now, scores[attempt.pk]))
+                ranking.claimed_one()
             # Candidates up to the last locked one were locked (and tried) or passed over: go on after it.
             last = next(i for i, a in enumerate(eligible) if a.pk == locked[-1].pk)
             eligible = eligible[last + 1:]
