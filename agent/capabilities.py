@@ -46,6 +46,28 @@ def _probe(command: list[str]) -> str | None:
     return coerce_semver(done.stdout + done.stderr)
 
 
+def parse_nvidia_smi(csv_text: str) -> list[dict[str, Any]]:
+    """GPU entries from ``nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits``.
+
+    Identical devices (same model and memory) become one entry with a ``count``, as the snapshot
+    schema requires; at most 16 devices are reported (the schema's cap).
+    """
+    counts: dict[tuple[str, int], int] = {}
+    for line in csv_text.strip().splitlines():
+        name, _, memory = line.rpartition(",")
+        model = re.sub(r"[^\x20-\x7e]", "", name.strip())[:64] or "unknown"
+        try:
+            memory_mib = int(float(memory or 0))
+        except ValueError:
+            continue
+        if sum(counts.values()) < 16:
+            counts[(model, memory_mib)] = counts.get((model, memory_mib), 0) + 1
+    return [
+        {"vendor": "nvidia", "model": model, "memoryMiB": memory_mib, "features": ["cuda"], "count": count}
+        for (model, memory_mib), count in sorted(counts.items())
+    ]
+
+
 def _gpus() -> list[dict[str, Any]]:
     if shutil.which("nvidia-smi") is None:
         return []
@@ -56,12 +78,7 @@ def _gpus() -> list[dict[str, Any]]:
         )
     except (OSError, subprocess.SubprocessError):
         return []
-    gpus = []
-    for line in done.stdout.strip().splitlines()[:16]:
-        name, _, memory = line.rpartition(",")
-        model = re.sub(r"[^\x20-\x7e]", "", name.strip())[:64] or "unknown"
-        gpus.append({"vendor": "nvidia", "model": model, "memoryMiB": int(float(memory or 0)), "features": ["cuda"]})
-    return gpus
+    return parse_nvidia_smi(done.stdout)
 
 
 def detect(*, work_dir: Path, labels: dict[str, str], features: list[str] | None = None) -> dict[str, Any]:
