@@ -31,7 +31,7 @@ def lock_worker(worker_id: uuid.UUID) -> Worker:
     up to ``lock_timeout`` (then ``lock_timeout``, 503, via ``write_path``); SQLite: a no-op
     inside the IMMEDIATE transaction. Raises ``worker_not_found`` if the worker does not exist.
     """
-    worker = Worker.objects.select_for_update(of=("self",)).filter(pk=worker_id).first()
+    worker = Worker.objects.select_for_update(of=("self",)).filter(pk=worker_id).order_by().first()
     if worker is None:
         raise DomainError("worker_not_found", "no such worker")
     return worker

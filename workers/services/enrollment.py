@@ -341,7 +341,8 @@ def worker_drain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
 
     Its live online session turns ``draining`` (capacity 0, version + 1) in the same
     transaction; running attempts finish normally. New sessions start draining (ADR-0012 §5.3).
-    Locks: the worker row. Writes: the worker, its session, a ``worker.drained`` event. A worker
+    Locks: the worker row. Writes: the worker, its session, ``session.drained`` (if a session was
+    online) and ``worker.drained`` events. A worker
     that is not active is returned unchanged. Raises ``worker_not_found``.
     """
     worker = lock_worker(worker_id)
@@ -349,9 +350,13 @@ def worker_drain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
         return worker
     now = db_now()
     Worker.objects.filter(pk=worker.pk).update(state=WorkerState.DRAINING, drain_requested_at=now)
-    WorkerSession.objects.filter(worker=worker, state=SessionState.ONLINE).update(
-        state=SessionState.DRAINING, drained_by="operator", available_slots=0, version=F("version") + 1
-    )
+    session = WorkerSession.objects.filter(worker=worker, state=SessionState.ONLINE).first()
+    if session is not None:
+        WorkerSession.objects.filter(pk=session.pk, state=SessionState.ONLINE).update(
+            state=SessionState.DRAINING, drained_by="operator", available_slots=0, version=F("version") + 1
+        )
+        record("session.drained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk,
+               session_id=session.pk, data={"generation": session.generation, "by": "operator"})
     record("worker.drained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk)
     worker.refresh_from_db()
     return worker
@@ -361,16 +366,22 @@ def worker_drain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
 def worker_undrain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
     """Operator: end an operator drain (ADR-0012 §5). A session the operator drained returns to
     ``online`` (capacity 0 until its next heartbeat reports slots, version + 1); a worker's own
-    shutdown drain stays. Locks: the worker row. Writes: the worker, its session, a
-    ``worker.undrained`` event. A worker not draining is returned unchanged.
+    shutdown drain stays. Locks: the worker row. Writes: the worker, its session,
+    ``session.undrained`` (if one returned online) and ``worker.undrained`` events. A worker not draining is returned unchanged.
     Raises ``worker_not_found``."""
     worker = lock_worker(worker_id)
     if worker.state != WorkerState.DRAINING:
         return worker
     Worker.objects.filter(pk=worker.pk).update(state=WorkerState.ACTIVE, drain_requested_at=None)
-    WorkerSession.objects.filter(
+    session = WorkerSession.objects.filter(
         Q(worker=worker) & Q(state=SessionState.DRAINING) & Q(drained_by="operator")
-    ).update(state=SessionState.ONLINE, drained_by="", version=F("version") + 1)
+    ).first()
+    if session is not None:
+        WorkerSession.objects.filter(pk=session.pk, state=SessionState.DRAINING).update(
+            state=SessionState.ONLINE, drained_by="", version=F("version") + 1
+        )
+        record("session.undrained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk,
+               session_id=session.pk, data={"generation": session.generation})
     record("worker.undrained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk)
     worker.refresh_from_db()
     return worker
