@@ -358,7 +358,7 @@ def main() -> int:
             f"median {statistics.median(naive_raw):.0f} B)")
         say(f"  the write rule costs {per_beat / per_naive:.0%} of writing on every heartbeat")
         say(f"  reference: a HOT update of the same row (no indexed column changed): "
-            f"{statistics.fmean(hot_ours):.1f} B — lease_expires_at is indexed, so an extension is not HOT")
+            f"{statistics.fmean(hot_ours):.1f} B")
         for worker in workers:  # leave the sessions cleanly
             try:
                 worker.client.post(wire.SESSION_OFFLINE, {**worker.fence(), "expectedVersion": worker.version})
