@@ -37,6 +37,7 @@ from .models import LeaseState, ReleaseReason, RunDispatchLease
 SESSION_END_REASONS = {
     "superseded": ReleaseReason.SESSION_REPLACED,
     "revoked": ReleaseReason.WORKER_REVOKED,
+    "re_enrolled": ReleaseReason.SESSION_REPLACED,  # the credential it signed with was replaced
     "session_expired": ReleaseReason.SESSION_EXPIRED,
     "session_offline": ReleaseReason.SESSION_OFFLINE,
 }

@@ -197,3 +197,26 @@ def test_the_admin_action_shows_a_token_once(admin_client):
     token = shown[0].split("<code>")[1].split("</code>")[0]
     assert services.worker_enroll(token=token, public_key=new_key_text()[1]).worker_id == worker.pk
     assert EnrollmentToken.objects.get(worker=worker).created_by.is_staff
+
+
+def test_re_enrolling_fences_the_live_session_and_returns_its_unstarted_work(issued):
+    from leases import services as lease_services
+    from leases.models import RunDispatchLease
+    from tests.helpers import Enrolled, OfferTicket, enqueue, make_revision, register
+    from workers.models import WorkerSession
+
+    worker, token = issued
+    key = Ed25519PrivateKey.generate()
+    first = services.worker_enroll(token=token.token, public_key=public_key_text(key.public_key()))
+    session = register(Enrolled(worker.pk, worker.name, first.pk, key))
+    run = enqueue(make_revision())
+    ticket = OfferTicket()
+    lease_services.lease_claim(worker_id=worker.pk, session_id=session.session_id, generation=1,
+                               offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)])
+    again = services.enrollment_token_create(worker_id=worker.pk)
+    services.worker_enroll(token=again.token, public_key=public_key_text(Ed25519PrivateKey.generate().public_key()))
+    fenced = WorkerSession.objects.get(pk=session.session_id)
+    assert (fenced.state, fenced.end_reason) == ("fenced", "re_enrolled")
+    lease = RunDispatchLease.objects.get(run=run)
+    assert (lease.state, lease.release_reason) == ("released", "session_replaced")
+    assert run.attempts.get().state == "claimed"  # back in the queue, same attempt

@@ -134,9 +134,10 @@ def worker_enroll(
     if given, must be the token's worker; ``client``: the caller's address, for the audit trail.
 
     The token is single use and expires; its worker's previous credentials are revoked in the
-    same transaction (re-enrolling invalidates them, and the cache forgets them on commit).
+    same transaction (re-enrolling invalidates them, and the cache forgets them on commit), and
+    the live session of the process that held them is fenced with its leases settled.
     Locks: the worker row (so two racing uses of one token see exactly one winner). Writes: the
-    credential, the token's use, revocations, ``worker.enrolled``. Refusals commit an
+    credential, the token's use, revocations, the fenced session, ``worker.enrolled``. Refusals commit an
     ``enrollment.refused`` event and raise ``enrollment_token_invalid`` (unknown, or another
     worker's), ``enrollment_token_used``, ``enrollment_token_expired`` or ``worker_revoked``;
     a malformed or already used key raises ``validation_failed`` (field ``publicKey``).
@@ -174,8 +175,11 @@ def worker_enroll(
         used_at=now, used_by_credential=credential.pk
     )
     Worker.objects.filter(pk=worker.pk).update(rotation_required=False)
+    # The process that held the old key can no longer sign a single call: end its session now,
+    # rather than when its lease lapses, so that its run leases are settled at once.
+    fenced = fence_live_session(worker, reason="re_enrolled", now=now, actor_type=ActorType.WORKER, actor=client)
     record("worker.enrolled", actor_type=ActorType.WORKER, actor=client, worker_id=worker.pk,
-           data={"revoked_credentials": len(previous)})
+           data={"revoked_credentials": len(previous), "fenced_session": fenced is not None})
     _forget_credentials_on_commit(previous)
     return credential
 

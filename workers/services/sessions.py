@@ -149,8 +149,9 @@ def fence_live_session(
 ) -> WorkerSession | None:
     """Fence the worker's live session, if any, and settle its run leases (same transaction).
 
-    For write paths that hold the worker lock (replacement, revocation). ``reason``:
-    ``superseded`` or ``revoked`` (the keys of ``leases.settlement.SESSION_END_REASONS``);
+    For write paths that hold the worker lock (replacement, revocation, re-enrollment).
+    ``reason``: ``superseded``, ``revoked`` or ``re_enrolled`` (keys of
+    ``leases.settlement.SESSION_END_REASONS``);
     ``current``: the live session if the caller already read it under the lock. Writes: the
     session row (state ``fenced``, capacity 0, version + 1), a ``session.fenced`` event and
     whatever ``leases.settlement`` writes (started attempts lost, unstarted ones back in the
