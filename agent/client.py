@@ -10,9 +10,12 @@ signed with the worker's key under the RFC 9421 profile of ``protocol.signing``.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import http.client
 import json
 import threading
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,12 +60,16 @@ class Client:
         self.key_id = key_id
         self.key = key
         self.timeout = timeout
+        #: Seconds to add to this machine's clock to get the server's (see _learn_clock).
+        self.clock_offset = 0.0
         self._local = threading.local()
 
     def with_key(self, key_id: str, key: Ed25519PrivateKey) -> Client:
         """A client for the same server signing with another key (used by key rotation)."""
-        return Client(f"{self.scheme}://{self.host}{':' + str(self.port) if self.port else ''}{self.base_path}",
-                      key_id=key_id, key=key, timeout=self.timeout)
+        rotated = Client(f"{self.scheme}://{self.host}{':' + str(self.port) if self.port else ''}{self.base_path}",
+                         key_id=key_id, key=key, timeout=self.timeout)
+        rotated.clock_offset = self.clock_offset
+        return rotated
 
     def _connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -71,6 +78,23 @@ class Client:
             conn = cls(self.host, self.port, timeout=self.timeout)
             self._local.conn = conn
         return conn
+
+    def _learn_clock(self, date_header: str | None) -> None:
+        """Align signatures' ``created`` with the server's clock (its ``Date`` header).
+
+        The server checks the signature window against its own clock only, and allows a
+        ``created`` at most a couple of seconds ahead of it. ``Date`` is stamped before this
+        machine reads it and rounds down to the second, so the measured offset never exceeds the
+        true one: signing with ``time.time() + offset`` keeps ``created`` at or behind the
+        server's clock, however this machine's clock drifts.
+        """
+        if not date_header:
+            return
+        try:
+            server = email.utils.parsedate_to_datetime(date_header).timestamp()
+        except (TypeError, ValueError):
+            return
+        self.clock_offset = server - time.time()
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -89,8 +113,9 @@ class Client:
         if signed:
             if self.key is None or self.key_id is None:
                 raise RuntimeError("a signed request needs a key")
+            created = datetime.datetime.fromtimestamp(time.time() + self.clock_offset, datetime.UTC)
             headers.update(sign_request(method="POST", path=target, body=payload, key_id=self.key_id,
-                                        private_key=self.key))
+                                        private_key=self.key, created=created))
         conn = self._connection()
         try:
             conn.request("POST", target, body=payload, headers=headers)
@@ -99,6 +124,7 @@ class Client:
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+        self._learn_clock(response.getheader("Date"))
         if response.getheader("Connection", "").lower() == "close":
             self.close()
         if len(data) > MAX_RESPONSE_BYTES:

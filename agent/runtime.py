@@ -64,7 +64,7 @@ FENCED = {
 }
 REFUSED = {
     "credential_revoked", "credential_expired", "credential_unknown", "worker_revoked", "signature_invalid",
-    "signature_stale", "signature_path_mismatch", "principal_mismatch",
+    "signature_path_mismatch", "principal_mismatch",
 }
 #: Lease answers after which the attempt is no longer ours: kill the process, report nothing.
 LEASE_LOST = {"lease_expired", "lease_released", "lease_completed", "lease_token_mismatch", "lease_unknown",
@@ -85,7 +85,13 @@ MAX_RETRY_AFTER = 60.0
 
 
 def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, TransportError) or (isinstance(exc, ApiError) and exc.status in (429, 503))
+    """Worth retrying: no answer, a 429/503, or ``signature_stale`` — the client has just
+    realigned its signing clock with the server's ``Date`` (agent.client), so a re-signed
+    request falls inside the window; a clock that cannot be aligned keeps being retried and
+    logged, never mistaken for a refused credential."""
+    return isinstance(exc, TransportError) or (
+        isinstance(exc, ApiError) and (exc.status in (429, 503) or exc.code == "signature_stale")
+    )
 
 
 def backoff(max_seconds: float):

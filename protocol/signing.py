@@ -196,10 +196,13 @@ def verify_request(
     now: float,
     window_seconds: int,
     resolve_key: Callable[[str], Ed25519PublicKey],
+    future_skew_seconds: int | None = None,
 ) -> SignedRequest:
     """Verify a worker request against the profile; return what it proves.
 
-    Order: profile shape, clock window (server ``now``, unix seconds), key resolution
+    The clock window is asymmetric: ``created`` may lie up to ``window_seconds`` in the past and
+    up to ``future_skew_seconds`` (default: the whole window) in the future of the server's
+    ``now``. Order: profile shape, clock window (server ``now``, unix seconds), key resolution
     (``resolve_key`` raises ProtocolError for unknown/revoked credentials), body digest, then the
     Ed25519 signature over method, path, query and digest. Nonce uniqueness is the caller's.
 
@@ -208,8 +211,9 @@ def verify_request(
     ``resolve_key`` raises.
     """
     signed = parse_signature_input(headers)
-    if abs(now - signed.created) > window_seconds:
-        raise ProtocolError("signature_stale", f"signature created {int(now - signed.created)} s from server time")
+    ahead = window_seconds if future_skew_seconds is None else future_skew_seconds
+    if not now - window_seconds <= signed.created <= now + ahead:
+        raise ProtocolError("signature_stale", f"signature created {int(signed.created - now)} s from server time")
     public_key = resolve_key(signed.key_id)
     digest = headers.get("Content-Digest")
     if not digest:

@@ -114,7 +114,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db.setdefault("OPTIONS", {}).update(
         {
             "transaction_mode": "IMMEDIATE",
-            "timeout": env.float("QINGLONG_SQLITE_BUSY_TIMEOUT_SECONDS", default=5.0),
+            "timeout": env.float("QINGLONG_SQLITE_BUSY_TIMEOUT_SECONDS", default=2.5),
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
         }
     )
@@ -141,7 +141,15 @@ if CLUSTER or env.bool("QINGLONG_SHARED_CACHE", default=False):
     CACHES = {"default": {**_shared, "KEY_PREFIX": "ql"}}
 else:
     # standalone is one control-plane process: a per-process cache is the whole truth there.
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "qinglong"}}
+    # (Rate-limit counters and cached credentials live here; replay nonces do not: see
+    # workers.nonces — an LRU cache may forget them.)
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": "qinglong",
+            "OPTIONS": {"MAX_ENTRIES": 50_000},
+        }
+    }
 # When this process started (unix seconds). The standalone profile's nonce store lives in process
 # memory and knows nothing older; workers.auth refuses requests signed before it (retryable 503).
 QINGLONG_PROCESS_STARTED = int(time.time())
@@ -233,10 +241,16 @@ QINGLONG = {
     "CLAIM_POLL_SECONDS": env.float("QINGLONG_CLAIM_POLL_SECONDS", default=1.0),
     "TAKEOVERS_PER_MINUTE": env.int("QINGLONG_TAKEOVERS_PER_MINUTE", default=6),
     "SIGNATURE_WINDOW_SECONDS": env.int("QINGLONG_SIGNATURE_WINDOW_SECONDS", default=60),
+    # How far ahead of the server's clock a signature's `created` may be. The agent signs with its
+    # clock aligned to the server's Date header (never ahead of it), so a small allowance is
+    # enough; it is also how long a restarted standalone server refuses signatures (503).
+    "SIGNATURE_FUTURE_SKEW_SECONDS": env.int("QINGLONG_SIGNATURE_FUTURE_SKEW_SECONDS", default=2),
+    # Standalone profile: most unexpired replay nonces held in memory (then 503, never forget).
+    "NONCE_STORE_CAPACITY": env.int("QINGLONG_NONCE_STORE_CAPACITY", default=100_000),
     "ENROLLMENT_TOKEN_TTL_SECONDS": env.int("QINGLONG_ENROLLMENT_TOKEN_TTL_SECONDS", default=24 * 3600),
     "ROTATION_GRACE_SECONDS": env.int("QINGLONG_ROTATION_GRACE_SECONDS", default=300),
     "CREDENTIAL_CACHE_SECONDS": env.int("QINGLONG_CREDENTIAL_CACHE_SECONDS", default=30),
-    "SQLITE_BUSY_RETRIES": env.int("QINGLONG_SQLITE_BUSY_RETRIES", default=4),
+    "SQLITE_BUSY_RETRIES": env.int("QINGLONG_SQLITE_BUSY_RETRIES", default=3),
     "DISPATCH_HOLD_SECONDS": env.float("QINGLONG_DISPATCH_HOLD_SECONDS", default=10.0),
     "RATE_WORKER": env.str("QINGLONG_RATE_WORKER", default="600/m"),
     "RATE_ENROLL": env.str("QINGLONG_RATE_ENROLL", default="10/m"),

@@ -52,6 +52,7 @@ from qinglong.conf import protocol
 from qinglong.errors import DomainError
 
 from .models import CredentialState, WorkerCredential, WorkerSession, WorkerState
+from .nonces import ProcessNonceStore
 
 log = logging.getLogger("qinglong.auth")
 
@@ -64,6 +65,8 @@ SESSION_OWNER_CACHE_SECONDS = 24 * 3600
 #: Wall-clock second this process started (read from settings, which load first thing). A
 #: per-process nonce store knows nothing older.
 PROCESS_STARTED = int(getattr(settings, "QINGLONG_PROCESS_STARTED", time.time()))
+#: The standalone profile's replay memory (see workers.nonces); unused with a shared cache.
+PROCESS_NONCES = ProcessNonceStore(capacity=int(settings.QINGLONG.get("NONCE_STORE_CAPACITY", 100_000)))
 
 
 @dataclass(frozen=True)
@@ -207,16 +210,28 @@ def nonce_accept(*, key_id: str, nonce: str, created: int, window_seconds: int) 
     ``SET NX`` in the cluster profile, a locked dict in the standalone process), so two replicas
     or threads racing with one nonce see exactly one success.
 
-    Raises ProtocolError ``signature_replayed``; DomainError ``signature_predates_restart`` when
-    the store is per-process and the request was signed before this process started.
+    The standalone profile keeps nonces in this process (``workers.nonces``, exact until expiry,
+    failing closed when full) and so knows nothing from before it started: a request may have
+    been received earlier only if it was created no later than start + the allowed future skew, and
+    such a request is refused as ``signature_predates_restart`` (503, retryable: sign again).
+
+    Raises ProtocolError ``signature_replayed``; DomainError ``signature_predates_restart``, or
+    ``storage_busy`` when the in-process store is full of unexpired nonces.
     """
-    if not cache_is_shared() and created < PROCESS_STARTED:
-        raise DomainError(
-            "signature_predates_restart",
-            "the request was signed before the control plane restarted; sign it again",
-            retry_after=1,
-        )
-    if not cache.add(_NONCE_KEY.format(key_id, nonce), 1, timeout=2 * window_seconds):
+    key = _NONCE_KEY.format(key_id, nonce)
+    if cache_is_shared():
+        accepted = cache.add(key, 1, timeout=2 * window_seconds)
+    else:
+        # created is a whole second; P = floor(start). A request received before the start was
+        # signed at most `skew` ahead of a moment before it: created <= P + skew.
+        if created <= PROCESS_STARTED + protocol().signature_future_skew_seconds:
+            raise DomainError(
+                "signature_predates_restart",
+                "the request was signed before the control plane restarted; sign it again",
+                retry_after=1,
+            )
+        accepted = PROCESS_NONCES.add(key, 2 * window_seconds)
+    if not accepted:
         raise ProtocolError("signature_replayed", "this signature nonce was already used")
 
 
@@ -265,15 +280,18 @@ class WorkerSignatureAuthentication(BaseAuthentication):
     ``signature_malformed``, ``signature_stale``, ``credential_unknown``, ``credential_revoked``,
     ``credential_expired``, ``content_digest_mismatch``, ``signature_path_mismatch``,
     ``signature_invalid`` or ``signature_replayed``; DomainError ``signature_predates_restart``
-    (503) and ``rate_limited`` (429) once a client address has failed authentication more than
-    ``RATE_AUTH_FAILURES`` times (counted per address, so a forger cannot lock a worker out).
+    (503) and ``rate_limited`` (429) instead of the failure once a client address has failed
+    authentication more than ``RATE_AUTH_FAILURES`` times. Only failing requests are counted and
+    limited: a correctly signed request is never refused by this limit, so a forger sharing a
+    worker's address (NAT, same host) cannot lock it out.
     """
 
     def authenticate(self, request) -> tuple[WorkerPrincipal, SignedRequest]:
         raw = request._request
         limit = {"group": "worker-auth-failures", "key": by_address, "rate": protocol().rate_auth_failures,
                  "message": "too many failed worker authentications from this address"}
-        enforce(raw, increment=False, **limit)
+        # Only failures count, and only a failing request is answered 429: a correctly signed
+        # request always passes, so a forger sharing a worker's address cannot lock it out.
         try:
             return self._authenticate(raw)
         except (ProtocolError, DomainError) as exc:
@@ -299,6 +317,7 @@ class WorkerSignatureAuthentication(BaseAuthentication):
             body=raw.body,
             now=now,
             window_seconds=window,
+            future_skew_seconds=protocol().signature_future_skew_seconds,
             resolve_key=resolve_key,
         )
         # Remember the nonce only after the signature verified, so forged requests cannot burn

@@ -230,9 +230,10 @@ def test_a_request_signed_before_a_standalone_restart_is_refused_retryably(
     nonces of requests signed before, so those must be signed again (503, retried by agents)."""
     worker, session = worker_session
     raw = strictjson.dumps(heartbeat(session))
-    before_restart = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=5)
+    before_restart = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=8)
     headers = signed_headers(worker, wire.SESSION_HEARTBEAT, raw, created=before_restart)
-    monkeypatch.setattr(auth, "PROCESS_STARTED", int(time.time()) - 2)
+    # restarted 5 s ago: past the 2 s future skew, so a request signed now is fresh again
+    monkeypatch.setattr(auth, "PROCESS_STARTED", int(time.time()) - 5)
     answer = send(client, wire.SESSION_HEARTBEAT, raw, headers)
     refused(answer, 503, "signature_predates_restart")
     assert answer["Retry-After"] == "1"
