@@ -1,16 +1,20 @@
 """Running one attempt as a local subprocess: own process group, enforced timeout, bounded output.
 
-The process starts in a new session (``start_new_session``), so its process group id equals its
-pid and the whole tree can be signalled at once; stopping sends SIGTERM to the group, then SIGKILL
-after a grace period. Output is drained by two reader threads that keep only the last
-``OUTPUT_TAIL_BYTES`` of each stream, so a chatty job cannot grow the agent's memory.
+The job runs under a small guard (``agent/guard.py``) that starts a new session, so the guard's
+pid is the job's process group id and the whole tree can be signalled at once; stopping sends
+SIGTERM to the group, then SIGKILL after a grace period. The guard also ends the group if this
+agent dies, so a job never outlives the process that holds its lease. Output is drained by two
+reader threads that keep only the last ``OUTPUT_TAIL_BYTES`` of each stream, so a chatty job
+cannot grow the agent's memory.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -22,6 +26,7 @@ from typing import IO
 from protocol.wire import OUTPUT_TAIL_BYTES
 
 KILL_GRACE_SECONDS = 5.0
+GUARD = Path(__file__).with_name("guard.py")
 INTERPRETERS = {"python": ["python3"], "node": ["node"]}
 
 
@@ -73,6 +78,7 @@ class Execution:
                  work_dir: Path) -> None:
         self.timeout_seconds = timeout_seconds
         self._script: Path | None = None
+        self._watch: int | None = None
         self._stopped_as: str | None = None
         work_dir.mkdir(parents=True, exist_ok=True)
         if executor == "shell":
@@ -86,12 +92,18 @@ class Execution:
             argv = [*INTERPRETERS[executor], name]
         else:
             raise StartFailed(f"this agent has no {executor!r} executor")
+        if shutil.which(argv[0]) is None:
+            self._cleanup()
+            raise StartFailed(f"{argv[0]} is not installed on this worker")
+        # The guard (agent/guard.py) leads the job's process group and ends it if this agent dies:
+        # it watches the read end of a pipe whose write end only this process holds.
+        watch_read, self._watch = os.pipe()
         try:
             self.process = subprocess.Popen(
-                argv,
+                [sys.executable, "-I", str(GUARD), "--", *argv],
                 cwd=work_dir,
                 env={**os.environ, **env},
-                stdin=subprocess.DEVNULL,
+                stdin=watch_read,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
@@ -99,6 +111,8 @@ class Execution:
         except OSError as exc:
             self._cleanup()
             raise StartFailed(str(exc)) from exc
+        finally:
+            os.close(watch_read)
         self.started_monotonic = time.monotonic()
         self.started_wall = time.time()
         self._stdout = _Tail(self.process.stdout)
@@ -162,3 +176,6 @@ class Execution:
     def _cleanup(self) -> None:
         if self._script is not None:
             self._script.unlink(missing_ok=True)
+        if self._watch is not None:
+            os.close(self._watch)
+            self._watch = None

@@ -1,0 +1,43 @@
+"""A job never outlives its agent: SIGKILL the agent mid-run and the job's whole process group
+dies within the guard's poll and grace (agent/guard.py), so the control plane's retry of the lost
+attempt can never run beside it (PRODUCT invariant 4)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from runs.models import Run, RunAttempt
+from tests.agent.test_cancel_running import agent, group_members, wait_for
+from tests.helpers import enqueue, make_revision
+from workers import services as worker_services
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.mark.parametrize("command", ["sleep 300 & wait", "trap '' TERM; sleep 300 & wait"])
+def test_killing_the_agent_ends_its_jobs_process_group(live_server, tmp_path, command):
+    worker = worker_services.worker_create(name="mortal-worker")
+    issued = worker_services.enrollment_token_create(worker_id=worker.pk)
+    state = tmp_path / "state"
+    assert agent(state, "enroll", "--server", live_server.url, "--token", issued.token).wait(30) == 0
+    run = enqueue(make_revision(command=command, timeout_seconds=600, max_attempts=2, lost_retry="idempotent"))
+    process = agent(state, "run", "--poll-max", "1")
+    try:
+        attempt = wait_for(lambda: RunAttempt.objects.filter(run=run, state="running").first(),
+                           what="the attempt to run")
+        assert wait_for(lambda: len(group_members(attempt.pgid)) >= 3, timeout=10,
+                        what="guard, shell and sleep")
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        killed = time.monotonic()
+        # the guard polls every 0.5 s; a job ignoring SIGTERM gets SIGKILL 2 s later
+        wait_for(lambda: not group_members(attempt.pgid), timeout=5, step=0.05, what="the group to die")
+        assert time.monotonic() - killed < 4
+        assert Run.objects.get(pk=run.pk).state == "running"  # the control plane learns it later
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
