@@ -233,19 +233,27 @@ class Agent:
             self.session.state = answer["state"]
             self.session.last_ok = time.monotonic()
 
+    def session_call(self, path: str, extra: dict[str, Any] | None = None, **call: Any) -> dict[str, Any]:
+        """A session call carrying ``expectedVersion`` (heartbeat, drain, offline).
+
+        The session's version moves under the worker when an operator drains or undrains it; the
+        refusal (``session_version_conflict``) carries the current version, which is adopted for
+        one more try. Raises like :meth:`call`.
+        """
+        for attempt in range(2):
+            body = {**self.session.fence(), "expectedVersion": self.session.version, **(extra or {})}
+            try:
+                return self.call(path, body, **call)
+            except ApiError as exc:
+                if attempt or exc.code != "session_version_conflict" or "currentVersion" not in exc.details:
+                    raise
+                with self._session_lock:
+                    self.session.version = exc.details["currentVersion"]
+        raise AssertionError("unreachable")
+
     def _heartbeat_once(self) -> dict[str, Any]:
-        body = {**self.session.fence(), "expectedVersion": self.session.version,
-                "availableSlots": 0 if self._shutdown.is_set() else self.settings.max_concurrent}
-        try:
-            return self.call(wire.SESSION_HEARTBEAT, body, stop=self._stop_heartbeat)
-        except ApiError as exc:
-            if exc.code != "session_version_conflict" or "currentVersion" not in exc.details:
-                raise
-            # An operator drain (or our own drain) moved the version: adopt it and ask again.
-            with self._session_lock:
-                self.session.version = exc.details["currentVersion"]
-            body["expectedVersion"] = self.session.version
-            return self.call(wire.SESSION_HEARTBEAT, body, stop=self._stop_heartbeat)
+        slots = 0 if self._shutdown.is_set() else self.settings.max_concurrent
+        return self.session_call(wire.SESSION_HEARTBEAT, {"availableSlots": slots}, stop=self._stop_heartbeat)
 
     def _heartbeat_loop(self) -> None:
         delay = self.session.heartbeat_interval
@@ -383,8 +391,7 @@ class Agent:
 
     def _graceful_shutdown(self) -> int:
         try:
-            answer = self.call(wire.SESSION_DRAIN, {**self.session.fence(), "expectedVersion": self.session.version},
-                               patience=30)
+            answer = self.session_call(wire.SESSION_DRAIN, patience=30)
             self._apply(answer)
         except Stop as stop:
             return self._die(stop)
@@ -406,8 +413,7 @@ class Agent:
             ))
         self._stop_heartbeat.set()
         try:
-            self.call(wire.SESSION_OFFLINE, {**self.session.fence(), "expectedVersion": self.session.version},
-                      patience=30)
+            self.session_call(wire.SESSION_OFFLINE, patience=30)
         except Stop as stop:
             return self._die(stop)
         except (ApiError, TransportError) as exc:
