@@ -88,9 +88,15 @@ def wait_for_server(server: subprocess.Popen, timeout: float = 60) -> None:
 
 
 class Supervisor:
-    """Keeps one worker agent running; restarts it when it exits fenced (new process, new session)."""
+    """Keeps one worker agent running, as systemd would with ``Restart=always`` and
+    ``RestartPreventExitStatus=4``: whenever it exits — fenced (3), killed, or stopped cleanly by
+    someone else — a fresh process starts and registers a new session; never after 4 (its
+    credential was refused: re-enrolling is an operator's decision), and at most 5 times a minute.
+    The agent runs in its own session, so a Ctrl-C in the terminal reaches only this launcher,
+    which then stops it gracefully (SIGTERM: drain, then offline).
+    """
 
-    RESTARTABLE = (3,)
+    NEVER_RESTART = (4,)
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
@@ -107,6 +113,7 @@ class Supervisor:
             [PY, "-m", "agent", "--state-dir", str(self.state_dir), "run", "--max-concurrent", "2",
              "--label", "zone=local", "--poll-max", "2", "--drain-timeout", "30"],
             cwd=ROOT,
+            start_new_session=True,
         )
 
     def _loop(self) -> None:
@@ -118,7 +125,7 @@ class Supervisor:
                 self.final_status = status
                 return
             restarts = [t for t in restarts if t > time.monotonic() - 60] + [time.monotonic()]
-            if (status in self.RESTARTABLE or status < 0) and len(restarts) <= 5:
+            if status not in self.NEVER_RESTART and len(restarts) <= 5:
                 say(f"worker exited with {status}; starting a fresh process (it registers a new session)")
                 continue
             say(f"worker exited with {status}; not restarting")
@@ -152,8 +159,14 @@ def main() -> int:
     login = dict(part.split("=", 1) for part in manage("create_operator", "admin").split())
     say(f"admin login: {SERVER}/admin/  username={login['username']}  password={login['password']}")
     say(f"operator API token: {login['token']}")
-    server = subprocess.Popen([PY, str(ROOT / "manage.py"), "serve", "--port", str(PORT)], cwd=ROOT)
+    # Its own session: a terminal Ctrl-C must not kill the control plane before the worker has
+    # drained and gone offline through it.
+    server = subprocess.Popen([PY, str(ROOT / "manage.py"), "serve", "--port", str(PORT)], cwd=ROOT,
+                              start_new_session=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     supervisor = None
+    ok = False
     try:
         wait_for_server(server)
         token = manage("enroll_worker", "local-worker", "--token-only")
@@ -174,29 +187,33 @@ def main() -> int:
         ok = watch(operator, runs, supervisor)
         if not ONCE:
             say(f"serving the admin at {SERVER}/admin/ — Ctrl-C to stop (drain, offline, shutdown)")
-            signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
-            try:
-                while server.poll() is None:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
-        say("stopping the worker (drain, then offline)")
-        status = supervisor.stop()
-        supervisor = None
-        if status != 0:
-            say(f"worker shutdown failed with status {status}")
+            while server.poll() is None:
+                time.sleep(1)
+            say(f"the control plane exited with {server.returncode}")
             ok = False
-        else:
-            say("worker drained and went offline cleanly")
-        return 0 if ok else 1
+    except KeyboardInterrupt:
+        say("interrupted")
+        ok = ok and not ONCE
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the drain short
         if supervisor is not None:
-            supervisor.stop()
+            say("stopping the worker (drain, then offline)")
+            status = supervisor.stop()
+            if status == 0:
+                say("worker drained and went offline cleanly")
+            else:
+                say(f"worker shutdown failed with status {status}")
+                ok = False
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(15)
         except subprocess.TimeoutExpired:
             server.kill()
+    return 0 if ok else 1
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
