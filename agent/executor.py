@@ -75,7 +75,7 @@ class Execution:
     """One started process. ``wait(timeout)`` polls it; ``stop(outcome)`` ends it early."""
 
     def __init__(self, *, executor: str, command: str, env: dict[str, str], timeout_seconds: int,
-                 work_dir: Path) -> None:
+                 work_dir: Path, kill_in: float | None = None) -> None:
         self.timeout_seconds = timeout_seconds
         self._script: Path | None = None
         self._watch: int | None = None
@@ -100,7 +100,8 @@ class Execution:
         watch_read, self._watch = os.pipe()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-I", str(GUARD), "--", *argv],
+                [sys.executable, "-I", str(GUARD),
+                 *(["--kill-in", f"{max(0.0, kill_in):.3f}"] if kill_in is not None else []), "--", *argv],
                 cwd=work_dir,
                 env={**os.environ, **env},
                 stdin=watch_read,
@@ -117,6 +118,18 @@ class Execution:
         self.started_wall = time.time()
         self._stdout = _Tail(self.process.stdout)
         self._stderr = _Tail(self.process.stderr)
+
+    def kill_in(self, seconds: float) -> None:
+        """Move the guard's watchdog: end the job group ``seconds`` from now unless moved again.
+
+        Called after every lease renewal, so a job whose agent is paused, hung or cut off stops
+        before its lease can lapse. A guard that has already exited is ignored."""
+        if self._watch is None:
+            return
+        try:
+            os.write(self._watch, f"{max(0.0, seconds):.3f}\n".encode("ascii"))
+        except (BrokenPipeError, OSError):
+            pass
 
     @property
     def pid(self) -> int:

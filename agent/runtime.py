@@ -58,6 +58,16 @@ from .state import Credential, StateDir
 
 log = logging.getLogger("qinglong.agent")
 
+#: Seconds before the lease's estimated expiry at which a job whose lease was not renewed is
+#: ended: its guard sends SIGTERM then, and SIGKILL 2 s later, so the job is gone before the
+#: control plane can consider the attempt lost and dispatch it again. (At most a quarter of the
+#: lease, so that the watchdog never fires between two on-time renewals at the lease midpoint.)
+GUARD_MARGIN_SECONDS = 3.0
+
+
+def guard_margin(lease_window: float) -> float:
+    return min(GUARD_MARGIN_SECONDS, lease_window / 4)
+
 FENCED = {
     "session_superseded", "session_expired", "session_offline", "session_unknown",
     "session_generation_mismatch", "lease_session_mismatch",
@@ -233,17 +243,25 @@ class Agent:
             self.session.state = answer["state"]
             self.session.last_ok = time.monotonic()
 
-    def session_call(self, path: str, extra: dict[str, Any] | None = None, **call: Any) -> dict[str, Any]:
+    def session_call(self, path: str, extra: dict[str, Any] | None = None, *, done_if: frozenset[str] = frozenset(),
+                     **call: Any) -> dict[str, Any]:
         """A session call carrying ``expectedVersion`` (heartbeat, drain, offline).
 
-        The session's version moves under the worker when an operator drains or undrains it; the
-        refusal (``session_version_conflict``) carries the current version, which is adopted for
-        one more try. Raises like :meth:`call`.
+        The session's version moves under the worker when an operator drains or undrains it, or
+        when an earlier try of this very call committed but its answer was lost; the refusal
+        (``session_version_conflict``) carries the current version, which is adopted for one more
+        try. An error code in ``done_if`` means the call's goal already holds (``session_offline``
+        for the offline call whose first answer was lost) and answers ``{}``.
+        Raises like :meth:`call`.
         """
         for attempt in range(2):
             body = {**self.session.fence(), "expectedVersion": self.session.version, **(extra or {})}
             try:
                 return self.call(path, body, **call)
+            except Stop as stop:
+                if isinstance(stop.__cause__, ApiError) and stop.__cause__.code in done_if:
+                    return {}
+                raise
             except ApiError as exc:
                 if attempt or exc.code != "session_version_conflict" or "currentVersion" not in exc.details:
                     raise
@@ -413,7 +431,7 @@ class Agent:
             ))
         self._stop_heartbeat.set()
         try:
-            self.session_call(wire.SESSION_OFFLINE, patience=30)
+            self.session_call(wire.SESSION_OFFLINE, patience=30, done_if=frozenset({"session_offline"}))
         except Stop as stop:
             return self._die(stop)
         except (ApiError, TransportError) as exc:
@@ -463,6 +481,22 @@ class AttemptRunner(threading.Thread):
         finally:
             self.agent.runner_done(self.lease["attemptId"])
 
+    def _renew(self, *, patience: float) -> dict[str, Any]:
+        """Renew the lease. If an earlier try's answer was lost after the server committed it,
+        the retry is refused with the version that renewal produced: adopt it and renew again
+        (SIBLINGS §3). Raises ApiError/TransportError/Stop like ``Agent.call``."""
+        for attempt in range(2):
+            body = {**self._fence(), "leaseVersion": self.lease["leaseVersion"]}
+            try:
+                return self.agent.call(wire.LEASE_RENEW, body, patience=patience)
+            except ApiError as exc:
+                current = exc.details.get("currentVersion")
+                if attempt or exc.code != "lease_version_conflict" or not isinstance(current, int) \
+                        or current <= self.lease["leaseVersion"]:
+                    raise
+                self.lease = {**self.lease, "leaseVersion": current}
+        raise AssertionError("unreachable")
+
     def _ack(self, path: str, extra: dict[str, Any], patience: float) -> dict[str, Any]:
         body = {**self._fence(), "offerId": self.lease["offerId"], "leaseVersion": self.lease["leaseVersion"], **extra}
         return self.agent.call(path, body, patience=patience)
@@ -472,6 +506,9 @@ class AttemptRunner(threading.Thread):
         log.info("attempt %s: run %s #%s (%s, timeout %ss)", attempt_id, spec["runId"], spec["attemptNumber"],
                  spec["executor"], spec["timeoutSeconds"])
         lease_window = 2 * self.lease["renewIntervalSeconds"]
+        # The starting ACK sets the lease to expire one TTL after the server handles it, which is
+        # after we send it: measuring from the send keeps our estimate on the early side.
+        sent = time.monotonic()
         try:
             started = self._ack(wire.LEASE_STARTING, {}, patience=lease_window / 2)
         except (ApiError, TransportError) as exc:
@@ -481,15 +518,16 @@ class AttemptRunner(threading.Thread):
             self._ack(wire.LEASE_START_FAILED, {"reason": "cancelled"}, patience=lease_window / 2)
             log.info("attempt %s: cancelled before it started", attempt_id)
             return
+        lease_deadline = sent + lease_window
         try:
             self.execution = Execution(executor=spec["executor"], command=spec["command"], env=spec["env"],
-                                       timeout_seconds=spec["timeoutSeconds"], work_dir=self.agent.settings.work_dir)
+                                       timeout_seconds=spec["timeoutSeconds"], work_dir=self.agent.settings.work_dir,
+                                       kill_in=lease_deadline - guard_margin(lease_window) - time.monotonic())
         except StartFailed as exc:
             log.error("attempt %s: could not start: %s", attempt_id, exc)
             self._ack(wire.LEASE_START_FAILED, {"reason": "executor_start_failed"}, patience=lease_window / 2)
             return
         execution = self.execution
-        sent = time.monotonic()
         try:
             running = self._ack(wire.LEASE_RUNNING, {"pid": execution.pid, "pgid": execution.pid,
                                                      "executorHandle": execution.handle}, patience=lease_window / 2)
@@ -498,7 +536,6 @@ class AttemptRunner(threading.Thread):
             execution.stop("cancelled")
             return
         self.lease = running["lease"]
-        lease_deadline = sent + lease_window
         next_renew = sent + self.lease["renewIntervalSeconds"]
         if running["cancelRequested"]:
             self._cancel.set()
@@ -516,14 +553,14 @@ class AttemptRunner(threading.Thread):
             if now >= next_renew:
                 sent = time.monotonic()
                 try:
-                    body = {**self._fence(), "leaseVersion": self.lease["leaseVersion"]}
-                    renewed = self.agent.call(wire.LEASE_RENEW, body, patience=max(0.0, lease_deadline - sent - 0.5))
+                    renewed = self._renew(patience=max(0.0, lease_deadline - sent - guard_margin(lease_window)))
                 except (ApiError, TransportError) as exc:
                     log.error("attempt %s: lease lost (%s); killing the process, not reporting", attempt_id, exc)
                     execution.stop("cancelled")
                     return
                 self.lease = renewed["lease"]
                 lease_deadline = sent + lease_window
+                execution.kill_in(lease_deadline - guard_margin(lease_window) - time.monotonic())
                 next_renew = sent + self.lease["renewIntervalSeconds"]
                 if renewed["cancelRequested"]:
                     # Kill now, not after the next wait step: the kill must land within one

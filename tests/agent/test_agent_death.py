@@ -41,3 +41,31 @@ def test_killing_the_agent_ends_its_jobs_process_group(live_server, tmp_path, co
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_paused_agents_job_ends_before_its_lease_can_lapse(live_server, tmp_path, protocol_settings):
+    """SIGSTOP the agent: it cannot renew, so its job's guard ends the job before the lease the
+    control plane granted can lapse — the retry can never overlap it."""
+    from leases.models import RunDispatchLease
+    from qinglong.db import db_now
+
+    protocol_settings(RUN_LEASE_SECONDS=8, SESSION_LEASE_SECONDS=120, HEARTBEAT_INTERVAL_SECONDS=30)
+    worker = worker_services.worker_create(name="paused-worker")
+    issued = worker_services.enrollment_token_create(worker_id=worker.pk)
+    state = tmp_path / "state"
+    assert agent(state, "enroll", "--server", live_server.url, "--token", issued.token).wait(30) == 0
+    run = enqueue(make_revision(command="sleep 300 & wait", timeout_seconds=600))
+    process = agent(state, "run", "--poll-max", "1")
+    try:
+        attempt = wait_for(lambda: RunAttempt.objects.filter(run=run, state="running").first(),
+                           what="the attempt to run")
+        lease = RunDispatchLease.objects.get(attempt=attempt)
+        renewed = wait_for(lambda: RunDispatchLease.objects.filter(pk=lease.pk, version__gt=lease.version).first(),
+                           timeout=15, step=0.02, what="a renewal")
+        process.send_signal(signal.SIGSTOP)
+        wait_for(lambda: not group_members(attempt.pgid), timeout=15, step=0.05, what="the group to die")
+        assert db_now() < renewed.expires_at  # gone while the lease was still the agent's
+    finally:
+        process.send_signal(signal.SIGCONT)
+        process.kill()
+        process.wait()
