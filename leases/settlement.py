@@ -98,7 +98,8 @@ def settle_lease(
     ):
         return True  # an older generation, or the attempt already ended: only authority is revoked
     if started:
-        conclude_attempt(run, attempt, AttemptState.LOST, now=now, actor_type=actor_type, actor=actor, reason=reason)
+        conclude_attempt(run, attempt, AttemptState.LOST, now=now, actor_type=actor_type, actor=actor, reason=reason,
+                         lease_expires_at=lease.expires_at)
     elif run.cancel_requested_at is not None:
         move_attempt(attempt, AttemptState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
                      outcome_reason="cancelled_by_user")

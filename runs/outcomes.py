@@ -12,7 +12,11 @@ Helpers for write paths that already hold the run lock; they open no transaction
   attempt's outcome.
 * ``lost``: the run goes ``lost``, then in the same transaction to ``retry_wait`` when the revision
   says a lost attempt is safe to re-run (``lost_retry`` idempotent/deduplicated) and attempts
-  remain, else ``failed`` with error class ``worker_lost``.
+  remain, else ``failed`` with error class ``worker_lost``. The retry is never due before the
+  lost lease would have expired (plus ``LOST_RETRY_MARGIN``): an attempt lost because its session
+  was replaced, revoked or forced offline may still be running on a worker that has not heard of
+  it yet, and that worker's guard only ends the job as its lease runs out (agent/guard.py). So
+  attempt N+1 can never run beside attempt N.
 
 Backoff: ``min(retry_backoff_max_seconds, retry_backoff_seconds · 2^(n−1))`` for attempt n, with
 "equal jitter" (a uniform draw from the upper half), so retries of many runs spread out.
@@ -43,6 +47,10 @@ def _may_retry(revision: TaskRevision, attempt: RunAttempt, outcome: str) -> boo
     return outcome in revision.retry_on
 
 
+#: How long after a lost lease's expiry its retry may start at the earliest.
+LOST_RETRY_MARGIN = timedelta(seconds=2)
+
+
 def conclude_attempt(
     run: Run,
     attempt: RunAttempt,
@@ -52,11 +60,14 @@ def conclude_attempt(
     actor_type: str,
     actor: str = "",
     reason: str = "",
+    lease_expires_at: datetime | None = None,
     **attempt_fields: Any,
 ) -> Run:
     """End ``attempt`` with ``outcome`` (a terminal attempt state) and move ``run`` accordingly.
 
-    ``attempt_fields`` are stored on the attempt (exit code, output tails). Returns the run.
+    ``attempt_fields`` are stored on the attempt (exit code, output tails); ``lease_expires_at``
+    (for ``lost``) is when the lost lease would have run out: a retry is not due before it plus
+    :data:`LOST_RETRY_MARGIN`. Returns the run.
     Precondition: the caller holds the run lock. Raises ``invalid_run_transition`` when the
     attempt or run is not in a state that can end this way.
     """
@@ -83,7 +94,8 @@ def conclude_attempt(
     if outcome == AttemptState.LOST:
         move_run(run, RunState.LOST, actor_type=actor_type, actor=actor, data={"attempt": attempt.number})
         if _may_retry(revision, attempt, outcome):
-            return _retry_wait(run, attempt, now=now, actor_type=actor_type, actor=actor)
+            not_before = lease_expires_at + LOST_RETRY_MARGIN if lease_expires_at is not None else None
+            return _retry_wait(run, attempt, now=now, actor_type=actor_type, actor=actor, not_before=not_before)
         return move_run(
             run, RunState.FAILED, actor_type=actor_type, actor=actor, finished_at=now, error_class="worker_lost",
             data={"reason": "worker_lost"},
@@ -110,13 +122,17 @@ def conclude_attempt(
     )
 
 
-def _retry_wait(run: Run, attempt: RunAttempt, *, now: datetime, actor_type: str, actor: str) -> Run:
+def _retry_wait(run: Run, attempt: RunAttempt, *, now: datetime, actor_type: str, actor: str,
+                not_before: datetime | None = None) -> Run:
     delay = retry_delay_seconds(run.revision, attempt.number)
+    due = now + timedelta(seconds=delay)
+    if not_before is not None and due < not_before:
+        due = not_before
     return move_run(
         run,
         RunState.RETRY_WAIT,
         actor_type=actor_type,
         actor=actor,
-        next_attempt_at=now + timedelta(seconds=delay),
-        data={"attempt": attempt.number, "delay_s": round(delay, 3)},
+        next_attempt_at=due,
+        data={"attempt": attempt.number, "delay_s": round((due - now).total_seconds(), 3)},
     )

@@ -1,0 +1,51 @@
+"""Attempt N+1 never runs beside attempt N: a lost attempt's retry is not due before its lease
+would have run out, because a worker that has not yet heard of the loss (revocation, forced
+offline, replacement) keeps its job until its guard ends it as that lease runs out."""
+
+from __future__ import annotations
+
+import pytest
+
+from runs.models import Run
+from runs.outcomes import LOST_RETRY_MARGIN
+from tests.helpers import enqueue, enrolled_worker, make_revision, register
+from tests.leases.flows import claim_one, start
+from workers import services as worker_services
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("how", ["revoke", "force_offline", "replace"])
+def test_a_lost_attempts_retry_waits_for_its_lease_to_run_out(how, protocol_settings):
+    protocol_settings(RUN_LEASE_SECONDS=600)  # far longer than any backoff
+    worker = enrolled_worker()
+    session = register(worker)
+    run = enqueue(make_revision(max_attempts=3, lost_retry="idempotent", retry_backoff_seconds=1,
+                                retry_backoff_max_seconds=1))
+    held = start(claim_one(session))
+    expires_at = held.lease().expires_at
+    if how == "revoke":
+        worker_services.worker_revoke(worker_id=worker.worker_id)
+    elif how == "force_offline":
+        worker_services.session_operator_offline(worker_id=worker.worker_id, force=True)
+    else:
+        register(worker)
+    run.refresh_from_db()
+    assert run.state == "retry_wait"
+    assert run.next_attempt_at >= expires_at + LOST_RETRY_MARGIN
+
+
+def test_an_expired_lease_retries_after_the_backoff_alone():
+    worker = enrolled_worker()
+    session = register(worker)
+    run = enqueue(make_revision(max_attempts=2, lost_retry="idempotent", retry_backoff_seconds=1,
+                                retry_backoff_max_seconds=1))
+    held = start(claim_one(session))
+    from leases.services import sweep_expired_leases
+    from tests.leases.flows import expire_lease
+
+    expire_lease(held.attempt_id)
+    assert sweep_expired_leases() == 1
+    run = Run.objects.get(pk=run.pk)
+    assert run.state == "retry_wait"
+    assert (run.next_attempt_at - held.lease().ended_at).total_seconds() <= 1.01
