@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
+import secrets
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,9 +39,9 @@ from qinglong.conf import protocol
 from qinglong.db import db_now, write_path
 from qinglong.errors import DomainError
 from runs.locks import lock_candidates, lock_run
-from runs.models import Run, RunAttempt
+from runs.models import Run, RunAttempt, TaskRevision
 from runs.outcomes import conclude_attempt
-from runs.selectors import QUEUE_PAGE, dispatch_queue_page
+from runs.selectors import QUEUE_PAGE, placement_class_heads, waiting_placement_classes
 from runs.states import AttemptState, RunState
 from runs.transitions import bump_run, move_attempt, move_run, update_attempt
 from workers.fence import Purpose, fence_session
@@ -56,9 +58,11 @@ log = logging.getLogger(__name__)
 #: Refusals of a sweep's single-item transaction that the next cycle may not meet again.
 TRANSIENT_CODES = ("lock_timeout", "storage_busy")
 
-#: Keyset pages of the dispatch queue one claim may scan (the first one small, then 64 attempts each).
+#: Keyset pages of candidates one claim may read (the first one small, then 64 attempts each).
 CLAIM_MAX_PAGES = 4
 CLAIM_FIRST_PAGE = 16
+#: Matching placement classes whose queue heads one claim probes.
+CLAIM_MAX_CLASSES = 32
 
 
 def _renew_interval() -> int:
@@ -99,14 +103,39 @@ def _check_offers(offers: list[OfferRequest]) -> None:
 # --- claim ---------------------------------------------------------------------------------------
 
 
-def _pages(now: datetime, wanted: int) -> Iterator[list[RunAttempt]]:
-    """Candidate pages in dispatch order: a first keyset page sized for what the claim wants (a
-    few rows past the head, where concurrent claimers contend), then full pages of 64."""
+def _candidate_pages(now: datetime, wanted: int, snapshot: dict) -> Iterator[tuple[list[RunAttempt], dict[str, int]]]:
+    """Pages of claimable attempts this worker's capabilities admit, in dispatch order.
+
+    The queue is probed per placement class (``runs.selectors``): find the classes waiting (one
+    index probe each, at most 256, from a random point so that all are reached in turn), keep
+    those the snapshot matches (at most 32 per claim, sampled), and read the head of each. So a
+    claim reaches work its worker can run however much work it cannot run waits ahead — the cost
+    is a bounded number of index probes, never a scan of the backlog. Yields each page with the
+    placement score per matching class. The first page is sized for what the claim wants (a few
+    rows past the head, where concurrent claimers contend), later ones 64.
+    """
+    classes = waiting_placement_classes(start=secrets.token_hex(2))
+    if not classes:
+        return
+    texts = dict(
+        TaskRevision.objects.filter(placement_sha256__in=classes)
+        .order_by()
+        .values_list("placement_sha256", "placement")
+        .distinct()
+    )
+    scores: dict[str, int] = {}
+    for sha, text in texts.items():
+        fit = match(snapshot, parse_placement(sha, text))
+        if fit.eligible:
+            scores[sha] = fit.score
+    if not scores:
+        return
+    probed = list(scores) if len(scores) <= CLAIM_MAX_CLASSES else random.sample(list(scores), CLAIM_MAX_CLASSES)
     cursor = None
     size = min(QUEUE_PAGE, max(CLAIM_FIRST_PAGE, 4 * wanted))
     for _ in range(CLAIM_MAX_PAGES):
-        page = dispatch_queue_page(now=now, after=cursor, size=size)
-        yield page
+        page = placement_class_heads(now=now, classes=probed, size=size, after=cursor)
+        yield page, scores
         if len(page) < size:
             return
         last = page[-1]
@@ -269,17 +298,17 @@ def lease_claim(
     requests = iter(fresh)
     wanted = min(free, len(fresh))
     claimed: list[Offer] = []
-    for page in _pages(now, wanted):
+    for page, class_scores in _candidate_pages(now, wanted, snapshot):
         eligible: list[RunAttempt] = []
         scores: dict[uuid.UUID, int] = {}
         for attempt in page:
             revision = attempt.run.revision
+            score = class_scores[attempt.placement_sha256]
             placement = parse_placement(revision.placement_sha256, revision.placement)
-            fit = match(snapshot, placement)
-            if not fit.eligible or ranking.defer(attempt, revision.placement_sha256, placement, fit.score):
+            if ranking.defer(attempt, revision.placement_sha256, placement, score):
                 continue
             eligible.append(attempt)
-            scores[attempt.pk] = fit.score
+            scores[attempt.pk] = score
         while eligible and len(claimed) < wanted:
             # One statement locks the next claimable runs in queue order, passing over any that
             # another claimer holds or changed since the page was read (never waiting for it).

@@ -153,6 +153,9 @@ class RunAttempt(models.Model):
     # Dispatch order, copied from the run so that one partial index serves the queue.
     priority = models.SmallIntegerField(default=0, editable=False)
     ready_at = models.DateTimeField(editable=False)
+    #: The pinned revision's placement digest: the queue is also indexed per placement class, so
+    #: a claim reaches work its worker can run however much other work waits ahead of it.
+    placement_sha256 = models.CharField(max_length=64, editable=False)
     # Projection of the current run lease (reads and the queue filter only; the lease row decides).
     lease_generation = models.PositiveIntegerField(default=0, editable=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -207,6 +210,15 @@ class RunAttempt(models.Model):
                 "id",
                 condition=Q(state=AttemptState.CLAIMED),
                 name="attempt_dispatch_queue",
+            ),
+            # The same queue, one range per placement class (runs.selectors.placement_class_heads).
+            models.Index(
+                "placement_sha256",
+                models.F("priority").desc(),
+                "ready_at",
+                "id",
+                condition=Q(state=AttemptState.CLAIMED),
+                name="attempt_dispatch_by_placement",
             ),
         ]
 

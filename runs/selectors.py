@@ -35,7 +35,7 @@ QueueCursor = tuple[int, datetime, object]
 #: Nothing large (commands, env, output tails) — a claim loads the revision of the one attempt it
 #: actually claims, under that run's row lock.
 CANDIDATE_FIELDS = (
-    "id", "run_id", "state", "priority", "ready_at", "lease_expires_at", "lease_generation",
+    "id", "run_id", "state", "priority", "ready_at", "lease_expires_at", "lease_generation", "placement_sha256",
     "run__id", "run__version", "run__revision", "run__revision__placement", "run__revision__placement_sha256",
 )
 
@@ -74,3 +74,55 @@ def dispatch_queue_page(*, now: datetime, after: QueueCursor | None = None,
     here is a candidate, never a claim: the claim re-checks it under the run's row lock.
     """
     return list(dispatch_queue_queryset(now=now, after=after)[: min(size, QUEUE_PAGE)])
+
+
+#: Placement classes one claim looks at (found by a loose index scan from a random point).
+MAX_PLACEMENT_CLASSES = 256
+
+_CLASSES_SQL = """
+WITH RECURSIVE classes(sha) AS (
+    SELECT MIN(placement_sha256) FROM {table} WHERE state = %s AND placement_sha256 >= %s
+  UNION ALL
+    SELECT (SELECT MIN(placement_sha256) FROM {table} WHERE state = %s AND placement_sha256 > classes.sha)
+    FROM classes WHERE classes.sha IS NOT NULL
+)
+SELECT sha FROM classes WHERE sha IS NOT NULL LIMIT %s
+"""
+
+
+def waiting_placement_classes(*, start: str = "", limit: int | None = None) -> list[str]:
+    """Placement digests of attempts awaiting (or holding) a run lease, from ``start`` on, wrapping.
+
+    A loose index scan over ``attempt_dispatch_by_placement``: one index probe per class found,
+    so its cost grows with the number of distinct placements waiting, never with the number of
+    waiting attempts. ``start`` (a hex prefix) rotates which classes come first when there are
+    more than ``limit`` — callers pass a random one so that every class is reached in turn.
+    """
+    from django.db import connection
+
+    limit = MAX_PLACEMENT_CLASSES if limit is None else limit
+    sql = _CLASSES_SQL.format(table=connection.ops.quote_name(RunAttempt._meta.db_table))
+    found: list[str] = []
+    with connection.cursor() as cursor:
+        for lower in (start, ""):
+            cursor.execute(sql, [AttemptState.CLAIMED, lower, AttemptState.CLAIMED, limit - len(found)])
+            found += [sha for (sha,) in cursor.fetchall() if sha not in found]
+            if not start or len(found) >= limit:
+                break
+    return found[:limit]
+
+
+def placement_class_heads(*, now: datetime, classes: list[str], size: int,
+                          after: QueueCursor | None = None) -> list[RunAttempt]:
+    """The first ``size`` claimable attempts of each placement class, merged in dispatch order.
+
+    One index probe per class (``attempt_dispatch_by_placement``: the queue ordered within each
+    class), each reading at most ``size`` rows past ``after``; the merged list keeps at most
+    ``size`` rows. Filters as :func:`dispatch_queue_page` (claimable, not cancel-requested).
+    """
+    size = min(size, QUEUE_PAGE)
+    heads: list[RunAttempt] = []
+    for placement in classes:
+        heads += list(dispatch_queue_queryset(now=now, after=after).filter(placement_sha256=placement)[:size])
+    heads.sort(key=lambda a: (-a.priority, a.ready_at, a.pk))
+    return heads[:size]

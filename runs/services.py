@@ -169,7 +169,8 @@ def _actor(user) -> str:
 
 def _new_attempt(run: Run, number: int, now: datetime, actor_type: str, actor: str) -> RunAttempt:
     attempt = RunAttempt.objects.create(
-        run=run, number=number, state=AttemptState.CLAIMED, priority=run.priority, ready_at=now, created_at=now
+        run=run, number=number, state=AttemptState.CLAIMED, priority=run.priority, ready_at=now, created_at=now,
+        placement_sha256=run.revision.placement_sha256,
     )
     record(
         "attempt.claimed",
