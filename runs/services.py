@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import rfc8785
+from django.db import IntegrityError
 
 from audit.models import ActorType
 from audit.recorder import record
 from placement import spec as placement_spec
 from protocol.errors import ProtocolError
 from qinglong.conf import protocol
-from qinglong.db import db_now, write_path
+from qinglong.db import UniqueRace, db_now, is_unique_violation, write_path
 from qinglong.errors import DomainError
 
 from .locks import lock_run
@@ -144,7 +145,12 @@ def task_create(*, name: str, spec: RevisionSpec, description: str = "", user=No
     placement = _validate(spec)
     if Task.objects.filter(name=name).exists():
         raise DomainError("validation_failed", f"a task named {name!r} exists", field="name")
-    task = Task.objects.create(name=name, description=description[:200])
+    try:
+        task = Task.objects.create(name=name, description=description[:200])
+    except IntegrityError as exc:
+        if is_unique_violation(exc):  # created concurrently: the re-run sees it and refuses by name
+            raise UniqueRace("task name inserted concurrently") from exc
+        raise
     revision = _create_revision(task, spec, placement, 1, user)
     record("task.created", actor_type=ActorType.OPERATOR, actor=_actor(user), data={"revision": 1})
     return revision

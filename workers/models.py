@@ -62,7 +62,9 @@ class WorkerCredential(models.Model):
 
     id = models.CharField(primary_key=True, max_length=40, editable=False)
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="credentials")
-    public_key = models.CharField(max_length=64, editable=False, help_text="raw Ed25519 key, base64url")
+    #: Unique: a key is never held by two credentials (ever), which also makes two concurrent
+    #: enrollments of one key for two workers a clean conflict rather than two winners.
+    public_key = models.CharField(max_length=64, unique=True, editable=False, help_text="raw Ed25519 key, base64url")
     fingerprint = models.CharField(max_length=64, editable=False, help_text="SHA-256 of the raw key, hex")
     state = models.CharField(max_length=16, choices=CredentialState.choices, default=CredentialState.ACTIVE)
     created_at = models.DateTimeField(editable=False)

@@ -220,3 +220,10 @@ def test_re_enrolling_fences_the_live_session_and_returns_its_unstarted_work(iss
     lease = RunDispatchLease.objects.get(run=run)
     assert (lease.state, lease.release_reason) == ("released", "session_replaced")
     assert run.attempts.get().state == "claimed"  # back in the queue, same attempt
+
+
+def test_a_zero_token_lifetime_is_refused_not_defaulted(issued):
+    worker, _ = issued
+    with pytest.raises(DomainError) as refused:
+        services.enrollment_token_create(worker_id=worker.pk, ttl_seconds=0)
+    assert (refused.value.code, refused.value.field) == ("validation_failed", "ttlSeconds")

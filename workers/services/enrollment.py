@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
 from audit.models import ActorType
@@ -25,7 +25,7 @@ from audit.recorder import record
 from protocol.ids import uuid7
 from protocol.signing import load_public_key, public_key_text
 from qinglong.conf import protocol
-from qinglong.db import Refusal, db_now, write_path
+from qinglong.db import Refusal, UniqueRace, db_now, is_unique_violation, write_path
 from qinglong.errors import DomainError
 
 from ..locks import lock_worker
@@ -98,7 +98,7 @@ def enrollment_token_create(*, worker_id: uuid.UUID, ttl_seconds: int | None = N
     Locks: the worker row. Writes: the token row and an ``enrollment.token_issued`` event.
     Raises ``worker_not_found``, ``worker_revoked``, ``validation_failed`` (field ``ttlSeconds``).
     """
-    ttl = ttl_seconds or protocol().enrollment_token_ttl_seconds
+    ttl = protocol().enrollment_token_ttl_seconds if ttl_seconds is None else ttl_seconds
     if not 60 <= ttl <= 30 * 24 * 3600:
         raise DomainError("validation_failed", "must be between 60 seconds and 30 days", field="ttlSeconds")
     worker = lock_worker(worker_id)
@@ -188,14 +188,21 @@ def _new_credential(worker: Worker, public_key: str, key, now) -> WorkerCredenti
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return WorkerCredential.objects.create(
-        id="wkc_" + uuid7().hex,
-        worker=worker,
-        public_key=public_key,
-        fingerprint=hashlib.sha256(raw).hexdigest(),
-        state=CredentialState.ACTIVE,
-        created_at=now,
-    )
+    try:
+        return WorkerCredential.objects.create(
+            id="wkc_" + uuid7().hex,
+            worker=worker,
+            public_key=public_key,
+            fingerprint=hashlib.sha256(raw).hexdigest(),
+            state=CredentialState.ACTIVE,
+            created_at=now,
+        )
+    except IntegrityError as exc:
+        # The same key enrolled for another worker at the same moment (the two transactions lock
+        # different worker rows): the re-run sees it taken and refuses it by field.
+        if is_unique_violation(exc):
+            raise UniqueRace("public key inserted concurrently") from exc
+        raise
 
 
 @dataclass(frozen=True)
