@@ -12,6 +12,7 @@ equal answers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import nodesemver
@@ -41,6 +42,14 @@ def satisfies(version: str, version_range: str) -> bool:
     "no" (a ``runtime`` mismatch), never an exception.
     ADR-0012 §4.
     """
+    return _satisfies(version, version_range)
+
+
+@lru_cache(maxsize=16384)
+def _satisfies(version: str, version_range: str) -> bool:
+    # Cached: node-semver parses the range on every call (~0.3 ms for a long one), and claims and
+    # summaries ask the same (version, range) pairs over and over. Both strings are bounded (64,
+    # 128 characters), so the cache is bounded too.
     try:
         return bool(nodesemver.satisfies(version, version_range, loose=False))
     except Exception:  # refuse rather than crash a claim or a summary over one odd pair

@@ -19,6 +19,7 @@ from audit.models import ActorType
 from audit.recorder import record
 from placement import spec as placement_spec
 from protocol.errors import ProtocolError
+from protocol.strictjson import display_key
 from qinglong.conf import protocol
 from qinglong.db import UniqueRace, db_now, is_unique_violation, write_path
 from qinglong.errors import DomainError
@@ -74,10 +75,12 @@ def _validate(spec: RevisionSpec) -> placement_spec.PlacementSpec:
         raise DomainError("validation_failed", f"at most {MAX_ENV} variables", field="env")
     for name, value in spec.env.items():
         if not ENV_NAME.match(name):
-            raise DomainError("validation_failed", "variable names are [A-Za-z_][A-Za-z0-9_]*", field=f"env.{name}")
+            raise DomainError("validation_failed", "variable names are [A-Za-z_][A-Za-z0-9_]*",
+                              field=f"env.{display_key(name)}")
         if not isinstance(value, str) or len(value) > MAX_ENV_VALUE or "\x00" in value:
             raise DomainError(
-                "validation_failed", f"values are strings of at most {MAX_ENV_VALUE} characters", field=f"env.{name}"
+                "validation_failed", f"values are strings of at most {MAX_ENV_VALUE} characters",
+                field=f"env.{display_key(name)}"
             )
     if not 1 <= spec.max_attempts <= 20:
         raise DomainError("validation_failed", "must be 1 to 20", field="retry.maxAttempts")

@@ -17,7 +17,10 @@ from audit.recorder import record
 from qinglong.errors import DomainError
 
 from .models import Run, RunAttempt
-from .states import ATTEMPT_TRANSITIONS, RUN_TRANSITIONS
+from .states import ATTEMPT_TRANSITIONS, RUN_TRANSITIONS, RunState
+
+#: States in which a run waits for a worker; only they carry a placement summary.
+WAITING = (RunState.QUEUED, RunState.DISPATCHING)
 
 
 def move_run(
@@ -31,11 +34,14 @@ def move_run(
 ) -> Run:
     """Move ``run`` to state ``to`` (also setting ``fields``), bump version and event sequence.
 
-    Raises ``invalid_run_transition`` if the table forbids it, ``run_version_conflict`` if the
-    row changed since it was read. Updates ``run`` in place and returns it.
+    Leaving the waiting states (queued, dispatching) clears the run's placement summary. Raises
+    ``invalid_run_transition`` if the table forbids it, ``run_version_conflict`` if the row
+    changed since it was read. Updates ``run`` in place and returns it.
     """
     if to not in RUN_TRANSITIONS[run.state]:
         raise DomainError("invalid_run_transition", f"a run cannot move from {run.state} to {to}")
+    if to not in WAITING and run.placement_summary is not None:
+        fields.setdefault("placement_summary", None)  # "why it waits" describes waiting runs only
     changed = Run.objects.filter(pk=run.pk, version=run.version, state=run.state).update(
         state=to, version=F("version") + 1, event_sequence=F("event_sequence") + 1, **fields
     )

@@ -49,7 +49,13 @@ class StrictIntegerField(serializers.IntegerField):
 
 
 class StrictCharField(serializers.CharField):
-    """A string that must be a JSON string (DRF would otherwise turn numbers into text)."""
+    """A string that must be a JSON string (DRF would otherwise turn numbers into text), taken as
+    sent: surrounding whitespace is not silently trimmed (``"ab\n"`` is not ``"ab"``); a field
+    whose format forbids it refuses it by its own validation."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data):
         if not isinstance(data, str):

@@ -159,3 +159,23 @@ def test_backoff_doubles_per_attempt_up_to_its_ceiling():
     for number, ceiling in [(1, 10), (2, 20), (3, 40), (4, 45), (9, 45)]:
         delays = [retry_delay_seconds(revision, number) for _ in range(50)]
         assert all(ceiling / 2 <= d <= ceiling for d in delays), number
+
+
+def test_a_run_that_stops_waiting_drops_its_placement_summary():
+    from runs.models import Run
+    from runs.services import run_cancel
+
+    run = enqueue(make_revision(placement={"required": {"arch": ["aarch64"]}}))
+    Run.objects.filter(pk=run.pk).update(placement_summary={"arch": 1})
+    run_cancel(run_id=run.pk, reason="not needed")
+    run.refresh_from_db()
+    assert (run.state, run.placement_summary) == ("cancelled", None)
+
+
+def test_a_hostile_env_name_is_named_safely_in_the_error():
+    spec = services.RevisionSpec(executor="shell", command="true", timeout_seconds=5,
+                                 env={"\x00bad" + "x" * 5000: "v"})
+    with pytest.raises(DomainError) as refused:
+        services.task_create(name="env-check", spec=spec)
+    assert refused.value.field.startswith("env.") and len(refused.value.field) <= 80
+    assert "\x00" not in refused.value.field

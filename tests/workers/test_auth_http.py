@@ -63,3 +63,14 @@ def test_unknown_fields_are_refused_with_the_field_named(client):
     answer = SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat_body(session, extra=1))
     assert answer.status_code == 400
     assert answer.json()["code"] == "validation_failed" and answer.json()["field"] == "extra"
+
+
+def test_text_is_taken_as_sent_so_a_trailing_newline_is_refused_not_trimmed(client):
+    from protocol.ids import uuid7
+    from tests.helpers import BASE_SNAPSHOT
+
+    worker = enrolled_worker()
+    body = {"sessionId": str(uuid7()), "capabilities": BASE_SNAPSHOT, "maxConcurrentRuns": 1, "availableSlots": 1,
+            "softwareVersion": "ab\n", "protocolVersion": 1}
+    answer = SignedClient(client, worker).post(wire.SESSION_REGISTER, body)
+    assert (answer.status_code, answer.json()["field"]) == (400, "softwareVersion")

@@ -10,7 +10,7 @@ from qinglong.api.base import StrictCharField, StrictIntegerField, StrictSeriali
 
 from ..services.sessions import MAX_CONCURRENT_RUNS, SessionView
 
-VERSION_TEXT = r"^[\x21-\x7e]{1,64}$"
+VERSION_TEXT = r"[\x21-\x7e]{1,64}"
 
 
 class CapabilitiesField(serializers.JSONField):
@@ -52,7 +52,7 @@ class RegisterSerializer(StrictSerializer):
     def validate_softwareVersion(self, value: str) -> str:
         import re
 
-        if not re.match(VERSION_TEXT, value):
+        if not re.fullmatch(VERSION_TEXT, value):
             raise serializers.ValidationError("1-64 printable ASCII characters without spaces")
         return value
 
