@@ -41,7 +41,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from pgdb import admin_connect, dbname, ensure_database  # bench/pgdb.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -52,38 +54,6 @@ CONCURRENCY = (1, 4, 16)
 
 def _label(backlog: int) -> str:
     return f"{backlog // 1000}k"
-
-
-def _admin_connect(url: str):
-    import psycopg
-
-    parts = urlsplit(url)
-    return psycopg.connect(
-        host=parts.hostname,
-        port=parts.port or 5432,
-        user=parts.username or "postgres",
-        password=parts.password or None,
-        dbname="postgres",
-        autocommit=True,
-    )
-
-
-def _dbname(url: str) -> str:
-    return urlsplit(url).path.lstrip("/")
-
-
-def _with_db(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
-
-
-def ensure_database(url: str) -> None:
-    from psycopg import sql
-
-    with _admin_connect(url) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (_dbname(url),)).fetchone()
-        if not exists:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(_dbname(url))))
 
 
 def setup_django(url: str) -> None:
@@ -177,13 +147,13 @@ def reset_and_load(backlog: int, claimers: int) -> list[Claimer]:
         cursor.execute(
             """
             INSERT INTO runs_runattempt (id, run_id, number, state, version, priority, ready_at,
-                                         lease_generation, executor_handle, outcome_reason,
-                                         stdout_tail, stderr_tail, created_at)
+                                         placement_sha256, lease_generation, executor_handle,
+                                         outcome_reason, stdout_tail, stderr_tail, created_at)
             SELECT gen_random_uuid(), r.id, 1, 'claimed', 0, r.priority, r.created_at,
-                   0, '', '', '', '', r.created_at
+                   %(placement)s, 0, '', '', '', '', r.created_at
             FROM runs_run r WHERE r.revision_id = %(revision)s
             """,
-            {"revision": revision.pk},
+            {"revision": revision.pk, "placement": revision.placement_sha256},
         )
         cursor.execute("ANALYZE runs_run")
         cursor.execute("ANALYZE runs_runattempt")
@@ -192,18 +162,20 @@ def reset_and_load(backlog: int, claimers: int) -> list[Claimer]:
 
 
 def queue_plan() -> tuple[str, float, int]:
-    """(first plan line, execution ms, shared buffers touched) of one dispatch-queue page."""
+    """(first plan line, execution ms, shared buffers touched) of what a claim reads: the head of
+    one placement class's queue (runs.selectors.placement_class_heads), after finding the classes."""
     from django.db import connection
 
     from qinglong.db import db_now
-    from runs.selectors import QUEUE_PAGE, dispatch_queue_page, dispatch_queue_queryset
+    from runs.selectors import QUEUE_PAGE, dispatch_queue_queryset, waiting_placement_classes
 
     now = db_now()
-    sql, params = dispatch_queue_queryset(now=now)[:QUEUE_PAGE].query.sql_with_params()
+    classes = waiting_placement_classes()
+    head = dispatch_queue_queryset(now=now).filter(placement_sha256=classes[0])[:QUEUE_PAGE]
+    sql, params = head.query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT TEXT) " + sql, params)
         lines = [row[0] for row in cursor.fetchall()]
-    dispatch_queue_page(now=now)  # and the selector itself runs
     scan = next((line.strip() for line in lines if "Index" in line and "attempt" in line), lines[0].strip())
     execution = float(re.search(r"Execution Time: ([\d.]+)", "\n".join(lines)).group(1))
     top = next((line for line in lines if line.strip().startswith("Buffers:")), "")  # the whole plan's
@@ -304,7 +276,7 @@ def pgbench_tps(url: str, seconds: int, clients: int) -> float:
 
     if shutil.which("pgbench") is None:
         raise SystemExit("pgbench is not installed (apt-get install postgresql-client)")
-    name = _dbname(url) + "_pgbench"
+    name = dbname(url) + "_pgbench"
     parts = urlsplit(url)
     env = {
         **os.environ,
@@ -314,7 +286,7 @@ def pgbench_tps(url: str, seconds: int, clients: int) -> float:
     }
     if parts.password:
         env["PGPASSWORD"] = parts.password
-    with _admin_connect(url) as conn:
+    with admin_connect(url) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
@@ -327,7 +299,7 @@ def pgbench_tps(url: str, seconds: int, clients: int) -> float:
             text=True,
         )
     finally:
-        with _admin_connect(url) as conn:
+        with admin_connect(url) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
     match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", done.stdout)
     if match is None:
@@ -352,7 +324,7 @@ def main() -> int:
 
     call_command("migrate", verbosity=0)
     print(
-        f"claim benchmark on {urlsplit(args.pg_url).hostname}/{_dbname(args.pg_url)}: "
+        f"claim benchmark on {urlsplit(args.pg_url).hostname}/{dbname(args.pg_url)}: "
         f"{args.seconds:g}s per point, claim (timed) → release (untimed) per loop, {os.cpu_count()} CPUs"
     )
     figures: dict[tuple[int, int], Figures] = {}

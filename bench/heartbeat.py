@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.client import ApiError, Client  # noqa: E402
+from pgdb import ensure_database  # noqa: E402  (bench/pgdb.py)
 from protocol import wire  # noqa: E402
 from protocol.ids import uuid7  # noqa: E402
 from protocol.signing import public_key_text  # noqa: E402
@@ -305,7 +306,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8, help="workers sending heartbeats at once")
     parser.add_argument("--wal-heartbeats", type=int, default=400, help="heartbeats in the WAL measurement")
     parser.add_argument("--profile", choices=["standalone", "cluster-control"], default="cluster-control")
+    parser.add_argument("--port", type=int, default=None, help="serve here (default: the first free of 8300-8399)")
     args = parser.parse_args()
+    ensure_database(args.pg_url)
 
     var = tempfile.mkdtemp(prefix="qinglong-bench-")
     env = {
@@ -322,7 +325,7 @@ def main() -> int:
     from qinglong.conf import protocol
 
     timings = protocol()
-    port = free_port()
+    port = args.port or free_port()
     server = start_server(env, port)
     try:
         url = f"http://127.0.0.1:{port}"
