@@ -39,9 +39,7 @@ service prefixes it with ``placement``.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import nodesemver
@@ -53,7 +51,7 @@ from protocol.capabilities import (
     MAX_DISK_MIB,
     MAX_MEMORY_MIB,
     NAME,
-    canonical_bytes,
+    CanonicalDocument,
     normalise_arch,
     normalise_os,
 )
@@ -263,18 +261,8 @@ def _preferred(doc: Any) -> dict[str, Any]:
     return {"labels": sorted(entries, key=lambda e: (e["key"], e["value"]))}
 
 
-@dataclass(frozen=True)
-class PlacementSpec:
-    """A normalised placement: ``document`` plus its RFC 8785 bytes and SHA-256."""
-
-    document: dict[str, Any]
-    canonical: bytes
-    sha256: str
-
-    @property
-    def canonical_text(self) -> str:
-        """The canonical bytes as text (ASCII), as stored in ``TaskRevision.placement``."""
-        return self.canonical.decode("utf-8")
+class PlacementSpec(CanonicalDocument):
+    """A normalised placement (stored in ``TaskRevision.placement``): document, bytes, SHA-256."""
 
 
 def normalise(doc: Any, *, executor: str) -> PlacementSpec:
@@ -295,8 +283,8 @@ def normalise(doc: Any, *, executor: str) -> PlacementSpec:
         "required": _required(doc.get("required"), executor),
         "preferred": _preferred(doc.get("preferred")),
     }
-    canonical = canonical_bytes(document)
-    if len(canonical) > MAX_PLACEMENT_BYTES:
+    result = PlacementSpec.of(document)
+    if len(result.canonical) > MAX_PLACEMENT_BYTES:
         raise _fail(None,
-                    f"normalised placement is {len(canonical)} bytes; the limit is {MAX_PLACEMENT_BYTES}")
-    return PlacementSpec(document, canonical, hashlib.sha256(canonical).hexdigest())
+                    f"normalised placement is {len(result.canonical)} bytes; the limit is {MAX_PLACEMENT_BYTES}")
+    return result

@@ -283,17 +283,31 @@ def canonical_bytes(value: Any) -> bytes:
 
 
 @dataclass(frozen=True)
-class CapabilitySnapshot:
-    """A validated, normalised snapshot: ``document`` (dict), its canonical bytes and SHA-256."""
+class CanonicalDocument:
+    """A validated, normalised document with its RFC 8785 bytes and their SHA-256 (hex).
+
+    The one shape both capability snapshots and placement specs take once normalised; build it
+    with :meth:`of`. ADR-0012 §4.
+    """
 
     document: dict[str, Any]
     canonical: bytes
     sha256: str
 
+    @classmethod
+    def of(cls, document: dict[str, Any]):
+        """Canonicalise a normalised ``document`` (see :func:`canonical_bytes`)."""
+        canonical = canonical_bytes(document)
+        return cls(document, canonical, hashlib.sha256(canonical).hexdigest())
+
     @property
     def canonical_text(self) -> str:
-        """The canonical bytes as text (ASCII), as stored in ``WorkerSession.capabilities``."""
+        """The canonical bytes as text (ASCII), as stored in the database."""
         return self.canonical.decode("utf-8")
+
+
+class CapabilitySnapshot(CanonicalDocument):
+    """A worker's validated capability snapshot (stored in ``WorkerSession.capabilities``)."""
 
 
 def normalise(doc: Any) -> dict[str, Any]:
@@ -334,12 +348,11 @@ def snapshot(doc: Any) -> CapabilitySnapshot:
     Raises :class:`ProtocolError`: ``capabilities_invalid`` with the field path, or
     ``capabilities_too_large`` (field ``capabilities``) when the canonical bytes exceed 16 KiB.
     """
-    document = normalise(doc)
-    canonical = canonical_bytes(document)
-    if len(canonical) > MAX_SNAPSHOT_BYTES:
+    result = CapabilitySnapshot.of(normalise(doc))
+    if len(result.canonical) > MAX_SNAPSHOT_BYTES:
         raise ProtocolError(
             "capabilities_too_large",
-            f"canonical snapshot is {len(canonical)} bytes; the limit is {MAX_SNAPSHOT_BYTES}",
+            f"canonical snapshot is {len(result.canonical)} bytes; the limit is {MAX_SNAPSHOT_BYTES}",
             "capabilities",
         )
-    return CapabilitySnapshot(document, canonical, hashlib.sha256(canonical).hexdigest())
+    return result
