@@ -152,10 +152,9 @@ class Execution:
         except subprocess.TimeoutExpired:
             return False
 
-    def stop(self, outcome: str) -> None:
-        """End the process group: SIGTERM, then SIGKILL after the grace period. Idempotent.
-
-        A process that already exited keeps its own outcome."""
+    def stop(self, outcome: str, grace: float = KILL_GRACE_SECONDS) -> None:
+        """End the process group: SIGTERM, then SIGKILL ``grace`` seconds later (default
+        ``KILL_GRACE_SECONDS``). Idempotent. A process that already exited keeps its own outcome."""
         if self.process.poll() is not None:
             return
         if self._stopped_as is None:
@@ -164,7 +163,7 @@ class Execution:
             os.killpg(self.pid, signal.SIGTERM)
         except ProcessLookupError:
             return
-        if not self.wait(KILL_GRACE_SECONDS):
+        if not self.wait(grace):
             try:
                 os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:

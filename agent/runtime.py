@@ -2,7 +2,7 @@
 
 Threads, one per concern: the main thread claims work; one heartbeat timer thread (never
 overlapping itself, a daemon so it never holds the process up); one runner thread per attempt,
-which owns that attempt's lease (starting ACK, running ACK, renewals at the lease midpoint, the
+which owns that attempt's lease (starting ACK, running ACK, renewals just before the lease midpoint, the
 completion). Nothing else runs: no timer exists before ``Agent.run`` is called.
 
 Failure rules:
@@ -67,6 +67,26 @@ GUARD_MARGIN_SECONDS = 3.0
 
 def guard_margin(lease_window: float) -> float:
     return min(GUARD_MARGIN_SECONDS, lease_window / 4)
+
+
+#: How long a cancelled job gets between SIGTERM and SIGKILL (at most an eighth of the renew
+#: interval). A cancellation must end the job within one renew interval of the request
+#: (SIBLINGS §2, issue 5), and the worker learns of it only from a renew answer; so the agent
+#: renews early by twice this grace (see :func:`renew_period`), leaving room for the grace and
+#: for the renewal's round trip.
+CANCEL_GRACE_SECONDS = 2.0
+
+
+def cancel_grace(renew_interval: float) -> float:
+    """Seconds between SIGTERM and SIGKILL when the job is cancelled (``renew_interval`` in s)."""
+    return min(CANCEL_GRACE_SECONDS, renew_interval / 8)
+
+
+def renew_period(renew_interval: float) -> float:
+    """Seconds from one renewal's send to the next: the server's ``renewIntervalSeconds`` less
+    twice the cancel grace, so that a cancellation requested just after a renewal is seen, and
+    its job killed (SIGTERM, grace, SIGKILL), within one renew interval of the request."""
+    return renew_interval - 2 * cancel_grace(renew_interval)
 
 FENCED = {
     "session_superseded", "session_expired", "session_offline", "session_unknown",
@@ -441,7 +461,7 @@ class Agent:
 
 
 class AttemptRunner(threading.Thread):
-    """Owns one attempt: ACKs, the process, renewals at the lease midpoint, the completion."""
+    """Owns one attempt: ACKs, the process, renewals (just before the lease midpoint), the completion."""
 
     def __init__(self, agent: Agent, offer: dict[str, Any], lease_token: str) -> None:
         super().__init__(name=f"attempt-{offer['lease']['attemptId'][:8]}", daemon=True)
@@ -536,7 +556,8 @@ class AttemptRunner(threading.Thread):
             execution.stop("cancelled")
             return
         self.lease = running["lease"]
-        next_renew = sent + self.lease["renewIntervalSeconds"]
+        next_renew = sent + renew_period(self.lease["renewIntervalSeconds"])
+        grace = cancel_grace(self.lease["renewIntervalSeconds"])
         if running["cancelRequested"]:
             self._cancel.set()
         while True:
@@ -545,7 +566,7 @@ class AttemptRunner(threading.Thread):
                 break
             now = time.monotonic()
             if self._cancel.is_set():
-                execution.stop("cancelled")
+                execution.stop("cancelled", grace)
                 break
             if now >= execution.deadline:
                 execution.stop("timed_out")
@@ -561,12 +582,13 @@ class AttemptRunner(threading.Thread):
                 self.lease = renewed["lease"]
                 lease_deadline = sent + lease_window
                 execution.kill_in(lease_deadline - guard_margin(lease_window) - time.monotonic())
-                next_renew = sent + self.lease["renewIntervalSeconds"]
+                next_renew = sent + renew_period(self.lease["renewIntervalSeconds"])
+                grace = cancel_grace(self.lease["renewIntervalSeconds"])
                 if renewed["cancelRequested"]:
                     # Kill now, not after the next wait step: the kill must land within one
                     # renew interval of the cancellation.
                     self._cancel.set()
-                    execution.stop("cancelled")
+                    execution.stop("cancelled", grace)
                     break
         result = execution.result()
         if self._abandon.is_set():

@@ -694,10 +694,10 @@ def lease_complete(
     (``attempt.<outcome>``, ``run.<state>``, ``lease.completed``). An identical resend (same
     sequence and payload digest) answers the same result and writes nothing; anything else for
     a completed lease is ``lease_completed`` (409). Never a second result. ``succeeded``
-    requires exit code 0.
+    requires exit code 0; ``cancelled`` requires a cancellation request on the run.
 
     Raises: ``validation_failed``, fence codes, ``lease_completed``, ``lease_released``,
-    ``lease_expired``, ``attempt_not_started``, ``lock_timeout``.
+    ``lease_expired``, ``attempt_not_started``, ``cancel_not_requested``, ``lock_timeout``.
     """
     if completion.outcome not in OUTCOMES:
         raise DomainError("validation_failed", f"must be one of {', '.join(OUTCOMES)}", field="outcome")
@@ -714,6 +714,11 @@ def lease_complete(
     _require_active(lease, ctx.now)
     if attempt.state != AttemptState.RUNNING:
         raise DomainError("attempt_not_started", "send the running ACK before completing", field="attemptId")
+    if completion.outcome == AttemptState.CANCELLED and run.cancel_requested_at is None:
+        # Only an operator's cancellation ends a run cancelled; a worker that stops a job on its
+        # own reports failed (or timed_out), and the retry policy decides.
+        raise DomainError("cancel_not_requested", "nobody asked to cancel this run; report failed instead",
+                          field="outcome")
     _lease_cas(lease, "the completion", bump=True, state=LeaseState.COMPLETED, ended_at=ctx.now,
                completion_sequence=completion.sequence, completion_sha256=digest,
                completion_outcome=completion.outcome)

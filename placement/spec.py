@@ -78,6 +78,9 @@ _PREFERRED_LABEL = {"key", "value", "weight"}
 #: What a semver range may be written with: npm range syntax in printable ASCII, spaces only.
 _RANGE_TEXT = re.compile(r"[0-9A-Za-z.+\-<>=~^*| ]+\Z")
 _SPACES = re.compile(r" +")
+#: A number in a range has at most 16 digits, like every number of a reported version
+#: (``protocol.capabilities.SEMVER``): a longer one could never be compared with a real version.
+_LONG_NUMBER = re.compile(r"[0-9]{17}")
 
 
 def _fail(field: str | None, message: str) -> ProtocolError:
@@ -153,8 +156,8 @@ def _label_value(value: Any, field: str) -> str:
 def valid_range(value: Any, field: str) -> str:
     """Return the normalised text of the npm-style semver range ``value`` (ADR-0012 §4).
 
-    ``value``: 1–128 characters of ``[0-9A-Za-z.+-<>=~^*|]`` and spaces, for example
-    ``>=3.9 <4`` or ``^18 || ^20``. Runs of spaces collapse to one and the ends are trimmed; every
+    ``value``: 1–128 characters of ``[0-9A-Za-z.+-<>=~^*|]`` and spaces, numbers of at most 16
+    digits, for example ``>=3.9 <4`` or ``^18 || ^20``. Runs of spaces collapse to one and the ends are trimmed; every
     ``||`` alternative must hold a comparator. Raises :class:`ProtocolError`
     ``placement_invalid`` at ``field`` for anything else or for text ``node-semver`` rejects.
     """
@@ -162,6 +165,8 @@ def valid_range(value: Any, field: str) -> str:
         raise _fail(field, f"must be a semver range of 1-{MAX_RANGE_LENGTH} characters")
     if not _RANGE_TEXT.match(value):
         raise _fail(field, "a semver range holds only [0-9A-Za-z.+-<>=~^*|] and spaces")
+    if _LONG_NUMBER.search(value):
+        raise _fail(field, "a number in a semver range has at most 16 digits")
     text = _SPACES.sub(" ", value).strip()
     if any(not alternative.strip() for alternative in text.split("||")):
         raise _fail(field, f"{text!r} has an empty || alternative")

@@ -29,6 +29,8 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "unsupported_media_type": ErrorSpec(415, "The body is not application/json."),
     "method_not_allowed": ErrorSpec(405, "The endpoint does not accept this HTTP method."),
     "not_found": ErrorSpec(404, "No such resource."),
+    "host_not_allowed": ErrorSpec(400, "The Host header names no host this control plane serves (`ALLOWED_HOSTS`)."),
+    "request_rejected": ErrorSpec(400, "Django refused the request before the API saw it (a suspicious request)."),
     "rate_limited": ErrorSpec(429, "Too many requests from this principal or address; see Retry-After."),
     "storage_busy": ErrorSpec(503, "The database stayed locked through the bounded retry; retry later."),
     "lock_timeout": ErrorSpec(503, "A row lock was not granted within the lock timeout; retry later."),
@@ -88,7 +90,7 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "attempt_already_started": ErrorSpec(409, "The attempt already started; it cannot be released."),
     "executor_handle_mismatch": ErrorSpec(409, "The executor handle differs from the one recorded."),
     "capacity_exhausted": ErrorSpec(409, "The worker holds as many active leases as it may."),
-    "cancel_not_requested": ErrorSpec(409, "A `cancelled` start failure needs a cancellation request on the run."),
+    "cancel_not_requested": ErrorSpec(409, "A `cancelled` start failure or completion needs a cancellation request on the run."),
     # --- runs (SIBLINGS §1, §2) ---------------------------------------------------------------
     "task_not_found": ErrorSpec(404, "No such task."),
     "revision_not_found": ErrorSpec(404, "No such task revision."),

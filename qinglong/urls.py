@@ -1,6 +1,7 @@
 """URL map. Worker API: /api/v1/worker/ (signed). Operator API: /api/v1/ops/ (staff token).
 OpenAPI 3 schema: /api/v1/schema (YAML by default, ``?format=json`` for JSON; committed as
-docs/openapi.yaml). Unknown /api/ paths answer the JSON error body (404 ``not_found``)."""
+docs/openapi.yaml). Unknown /api/ paths answer the JSON error body (404 ``not_found``), and so does a request Django
+refuses before routing (400 ``host_not_allowed``)."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -15,4 +16,5 @@ urlpatterns = [
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
 ]
 
+handler400 = "qinglong.api.exceptions.bad_request"
 handler404 = "qinglong.api.exceptions.not_found"

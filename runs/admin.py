@@ -7,7 +7,7 @@ from django.utils.html import format_html, format_html_join
 
 from audit.models import ActorType
 from placement.selectors import describe_summary, live_workers, parse_placement, placement_preview
-from qinglong.admin import ReadOnlyAdmin
+from qinglong.admin import ModelAdmin, ReadOnlyAdmin
 from qinglong.db import db_now
 from qinglong.errors import DomainError
 
@@ -43,7 +43,7 @@ class RevisionInline(admin.TabularInline):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(ModelAdmin):
     list_display = ("name", "description", "created_at")
     search_fields = ("name",)
     inlines = (RevisionInline,)

@@ -5,7 +5,7 @@ import json
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
-from qinglong.admin import ReadOnlyAdmin
+from qinglong.admin import ModelAdmin, ReadOnlyAdmin
 from qinglong.errors import DomainError
 
 from . import services
@@ -71,7 +71,7 @@ def force_rotation(modeladmin, request, queryset):
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(ModelAdmin):
     list_display = ("name", "state", "live_session", "created_at")
     list_filter = ("state",)
     search_fields = ("name",)

@@ -46,11 +46,12 @@ from django.db import connection
 from rest_framework.authentication import BaseAuthentication
 
 from protocol.errors import ProtocolError
-from protocol.signing import SignedRequest, load_public_key, verify_request
+from protocol.signing import SignedRequest, verify_request
 from qinglong.api.ratelimit import by_address, client_address, enforce
 from qinglong.conf import protocol
 from qinglong.errors import DomainError
 
+from .keys import worker_public_key
 from .models import CredentialState, WorkerCredential, WorkerSession, WorkerState
 from .nonces import ProcessNonceStore
 
@@ -308,7 +309,10 @@ class WorkerSignatureAuthentication(BaseAuthentication):
 
         def resolve_key(key_id: str):
             resolved["principal"], public_key = _resolve(key_id, now=now)
-            return load_public_key(public_key)
+            try:
+                return worker_public_key(public_key)
+            except ProtocolError:  # stored before keys were vetted: never trust it
+                raise ProtocolError("signature_invalid", "the credential's public key is not usable") from None
 
         signed = verify_request(
             method=raw.method,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions as drf
@@ -101,3 +102,16 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     if request.path.startswith("/api/"):
         return JsonResponse({"code": "not_found", "message": "no such endpoint", "field": None}, status=404)
     return defaults.page_not_found(request, exception)
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """``handler400``: what Django refuses before any view runs (a ``Host`` header outside
+    ``ALLOWED_HOSTS``, another ``SuspiciousOperation``). API clients get the JSON error body
+    (``host_not_allowed`` naming ``Host``, or ``request_rejected``); the admin keeps Django's page."""
+    if not request.path.startswith("/api/"):
+        return defaults.bad_request(request, exception)
+    if isinstance(exception, DisallowedHost):
+        return JsonResponse({"code": "host_not_allowed", "message": CATALOGUE["host_not_allowed"].meaning,
+                             "field": "Host"}, status=400)
+    return JsonResponse({"code": "request_rejected", "message": CATALOGUE["request_rejected"].meaning,
+                         "field": None}, status=400)

@@ -1,7 +1,7 @@
 """Cancel during ``running`` with the real agent process (SIBLINGS §2, ADR-0012 "the coordination
 protocol between cancellation, shutdown and the Run Lease"): the cancel is recorded, the worker
 learns it from its next renew answer, kills the job's whole process group within one renew
-interval, and completes the attempt ``cancelled``."""
+interval — even a job that ignores SIGTERM — and completes the attempt ``cancelled``."""
 
 from __future__ import annotations
 
@@ -58,8 +58,16 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sleep 300 & wait",  # a shell that waits on a child: both must die, the whole group
+        'trap "" TERM; sleep 300 & wait',  # both ignore SIGTERM: only the SIGKILL after the grace ends them
+    ],
+    ids=["obeys-sigterm", "ignores-sigterm"],
+)
 def test_cancel_during_running_kills_the_process_group_within_one_renew_interval(
-    live_server, tmp_path, protocol_settings
+    live_server, tmp_path, protocol_settings, command
 ):
     # Heartbeats far apart, so that only the renew answer can carry the cancellation in time.
     protocol_settings(
@@ -72,10 +80,9 @@ def test_cancel_during_running_kills_the_process_group_within_one_renew_interval
         state, "enroll", "--server", live_server.url, "--token", issued.token, "--worker", worker.name
     )
     assert enrolled.wait(30) == 0
-    # a shell that waits on a child: both must die, the whole group
     run = enqueue(
         make_revision(
-            command="sleep 300 & wait",
+            command=command,
             timeout_seconds=600,
             max_attempts=3,
             retry_on=("failed",),

@@ -140,3 +140,15 @@ def test_worker_endpoints_take_only_post(api):
     )
     answer = signed.client.get(wire.SESSION_HEARTBEAT, headers=headers)
     assert (answer.status_code, answer.json()["code"]) == (405, "method_not_allowed")
+
+
+@pytest.mark.parametrize("path", [wire.SESSION_HEARTBEAT, "/api/v1/ops/runs", "/api/v1/nowhere"])
+def test_a_host_outside_allowed_hosts_gets_the_json_error_naming_the_header(client, path):
+    answer = client.post(path, b"{}", content_type="application/json", headers={"host": "evil.example"})
+    assert answer.status_code == 400 and answer["Content-Type"] == "application/json"
+    assert (answer.json()["code"], answer.json()["field"]) == ("host_not_allowed", "Host")
+
+
+def test_the_admin_keeps_djangos_page_for_a_disallowed_host(client):
+    answer = client.get("/admin/", headers={"host": "evil.example"})
+    assert answer.status_code == 400 and not answer["Content-Type"].startswith("application/json")

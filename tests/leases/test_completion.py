@@ -69,7 +69,6 @@ def test_an_identical_resend_is_an_exact_replay_and_anything_else_is_a_409():
     [
         ("failed", 3, "failed", "exit_code"),
         ("timed_out", None, "timed_out", "timeout"),
-        ("cancelled", None, "cancelled", "cancelled"),
     ],
 )
 def test_each_outcome_ends_the_run_when_no_retry_applies(outcome, exit_code, run_state, error_class):
@@ -94,6 +93,22 @@ def test_a_cancel_request_wins_over_a_later_success_and_over_a_retry():
     run.refresh_from_db()
     assert (run.state, run.error_class, run.exit_code) == ("cancelled", "cancelled_by_user", 1)
     assert RunAttempt.objects.filter(run=run).count() == 1
+
+
+def test_a_cancelled_completion_needs_a_cancellation_request():
+    """Only an operator's cancellation ends a run ``cancelled``: a worker's own say-so would skip
+    the retry policy. Refused with nothing written; once requested, accepted."""
+    held, run = running_attempt(max_attempts=3, retry_on=("failed",))
+    before = rows()
+    with pytest.raises(DomainError) as refused:
+        complete(held, outcome="cancelled", exit_code=None)
+    assert (refused.value.code, refused.value.status, refused.value.field) == ("cancel_not_requested", 409, "outcome")
+    assert rows() == before
+    run_services.run_cancel(run_id=run.pk)
+    complete(held, outcome="cancelled", exit_code=-15)
+    run.refresh_from_db()
+    assert (run.state, run.error_class) == ("cancelled", "cancelled_by_user")
+    assert held.attempt().state == "cancelled"
 
 
 def test_completing_before_the_running_ack_is_refused():

@@ -65,6 +65,7 @@ def test_unknown_fields_are_refused_at_every_level(document, field):
 @pytest.mark.parametrize("text", [
     ">=banana", "latest", "1.2.3.4", ">>1", "", "   ", "||", "^1 ||", "|| ^1", ">=1\t", "1.x\n", ">=01.2.3",
     "≥1.0", ">=1.0.0\x00", "a" * 129, 3, None, ["1"],
+    ">=99999999999999999999999", "1" * 128, "^1.12345678901234567",  # numbers past 16 digits
 ])
 def test_invalid_semver_ranges_are_refused_naming_the_runtime(text):
     error = refused({"required": {"runtimes": {"python": text}}})
@@ -72,7 +73,7 @@ def test_invalid_semver_ranges_are_refused_naming_the_runtime(text):
 
 
 @pytest.mark.parametrize("text", [">=3.9", "^3.11", "~1.2.3", "3.x", "*", "1.2.3 - 2.3.4", "^18 || ^20", ">=2.2.0-rc.0",
-                                  "=1.2.3", "v1.2.3", "<2"])
+                                  "=1.2.3", "v1.2.3", "<2", ">=9999999999999999"])
 def test_valid_semver_ranges_are_accepted(text):
     assert spec.normalise({"required": {"runtimes": {"node": text}}}, executor="shell").document["required"][
         "runtimes"] == {"node": text}
@@ -117,7 +118,7 @@ def test_bad_values_are_refused_naming_the_field(document, field):
 
 def test_normalised_placement_over_8_kib_is_refused_as_a_whole():
     labels = {f"{'k' * 55}{i:03d}": "v" * 63 for i in range(32)}
-    runtimes = {f"r{i:02d}{'x' * 28}": "1.2.3 - " + "9" * 100 for i in range(16)}
+    runtimes = {f"r{i:02d}{'x' * 28}": " || ".join(["^1.2.3"] * 13) for i in range(16)}  # 126 characters
     preferred = [{"key": f"{'p' * 60}{i:02d}", "value": "w" * 63, "weight": 100} for i in range(16)]
     error = refused({"required": {"labels": labels, "runtimes": runtimes}, "preferred": {"labels": preferred}})
     assert error.field is None and "8192" in error.message

@@ -23,11 +23,12 @@ from django.db.models import F, Q
 from audit.models import ActorType
 from audit.recorder import record
 from protocol.ids import uuid7
-from protocol.signing import load_public_key, public_key_text
+from protocol.signing import public_key_text
 from qinglong.conf import protocol
 from qinglong.db import Refusal, UniqueRace, db_now, is_unique_violation, write_path
 from qinglong.errors import DomainError
 
+from ..keys import worker_public_key
 from ..locks import lock_worker
 from ..models import (
     CredentialState,
@@ -142,7 +143,7 @@ def worker_enroll(
     worker's), ``enrollment_token_used``, ``enrollment_token_expired`` or ``worker_revoked``;
     a malformed or already used key raises ``validation_failed`` (field ``publicKey``).
     """
-    key = load_public_key(public_key)
+    key = worker_public_key(public_key)
     public_key = public_key_text(key)
     issued = EnrollmentToken.objects.filter(digest=token_digest(token)).select_related("worker").first()
     if issued is None:
@@ -238,7 +239,7 @@ def credential_rotate(*, worker_id: uuid.UUID, credential_id: str, public_key: s
     ``worker_not_found``, ``worker_revoked``, ``credential_revoked``/``credential_expired``
     (the calling key is dead), ``credential_superseded`` (a newer credential exists).
     """
-    key = load_public_key(public_key)
+    key = worker_public_key(public_key)
     public_key = public_key_text(key)
     worker = lock_worker(worker_id)
     if worker.state == WorkerState.REVOKED:
