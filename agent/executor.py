@@ -1,8 +1,9 @@
 """Running one attempt as a local subprocess: own process group, enforced timeout, bounded output.
 
 The job runs under a small guard (``agent/guard.py``) that starts a new session, so the guard's
-pid is the job's process group id and the whole tree can be signalled at once; stopping sends
-SIGTERM to the group, then SIGKILL after a grace period. The guard also ends the group if this
+pid is the job's process group id; on Linux the guard also adopts the orphans of the job's tree
+(child subreaper), so it reaches processes that left the group. Stopping asks the guard to send
+SIGTERM to the whole tree, then SIGKILL after a grace period. The guard also ends the job if this
 agent dies, so a job never outlives the process that holds its lease. Output is drained by two
 reader threads that keep only the last ``OUTPUT_TAIL_BYTES`` of each stream, so a chatty job
 cannot grow the agent's memory.
@@ -26,6 +27,8 @@ from typing import IO
 from protocol.wire import OUTPUT_TAIL_BYTES
 
 KILL_GRACE_SECONDS = 5.0
+#: How much longer than the grace the agent gives the guard to end a job before doing it itself.
+GUARD_SLACK_SECONDS = 2.0
 GUARD = Path(__file__).with_name("guard.py")
 INTERPRETERS = {"python": ["python3"], "node": ["node"]}
 
@@ -124,12 +127,17 @@ class Execution:
 
         Called after every lease renewal, so a job whose agent is paused, hung or cut off stops
         before its lease can lapse. A guard that has already exited is ignored."""
+        self._tell_guard(f"{max(0.0, seconds):.3f}")
+
+    def _tell_guard(self, line: str) -> bool:
+        """Write one line to the guard's pipe; False if the guard is gone."""
         if self._watch is None:
-            return
+            return False
         try:
-            os.write(self._watch, f"{max(0.0, seconds):.3f}\n".encode("ascii"))
-        except (BrokenPipeError, OSError):
-            pass
+            os.write(self._watch, f"{line}\n".encode("ascii"))
+        except OSError:  # BrokenPipeError included: the guard has exited
+            return False
+        return True
 
     @property
     def pid(self) -> int:
@@ -153,12 +161,19 @@ class Execution:
             return False
 
     def stop(self, outcome: str, grace: float = KILL_GRACE_SECONDS) -> None:
-        """End the process group: SIGTERM, then SIGKILL ``grace`` seconds later (default
-        ``KILL_GRACE_SECONDS``). Idempotent. A process that already exited keeps its own outcome."""
+        """End the job: SIGTERM to its process group and every other descendant, SIGKILL to
+        whatever is left ``grace`` seconds later (default ``KILL_GRACE_SECONDS``). Idempotent. A
+        process that already exited keeps its own outcome.
+
+        The guard does it (``stop GRACE`` on its pipe), since only the guard — the job tree's
+        subreaper — reaches processes that left the group. Should the guard not answer within
+        the grace and ``GUARD_SLACK_SECONDS``, the agent ends the group itself."""
         if self.process.poll() is not None:
             return
         if self._stopped_as is None:
             self._stopped_as = outcome
+        if self._tell_guard(f"stop {max(0.0, grace):.3f}") and self.wait(grace + GUARD_SLACK_SECONDS):
+            return
         try:
             os.killpg(self.pid, signal.SIGTERM)
         except ProcessLookupError:
