@@ -8,6 +8,7 @@ Anything else is a bug: it is logged and answered 500 by Django, never dressed u
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import DisallowedHost
@@ -18,6 +19,8 @@ from rest_framework.response import Response
 
 from protocol.errors import ProtocolError
 from qinglong.errors import CATALOGUE, DomainError
+
+log = logging.getLogger("qinglong.api")
 
 _DRF_CODES: list[tuple[type[drf.APIException], str]] = [
     (drf.NotAuthenticated, "not_authenticated"),
@@ -70,6 +73,15 @@ def _response(code: str, message: str, field: str | None, *, details: dict | Non
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF ``EXCEPTION_HANDLER``: map every expected error to a catalogued JSON answer."""
     response = _handle(exc)
+    if response is not None and response.status_code >= 500:
+        # A catalogued 503 is an expected, retryable refusal, not a bug: not Django's ERROR for a
+        # 5xx. Contention (storage busy, lock timeout) is a warning; a request signed before this
+        # process started is part of every restart (the agent signs again): information.
+        request = context.get("request")
+        level = logging.INFO if response.data["code"] == "signature_predates_restart" else logging.WARNING
+        log.log(level, "%s %s: %s %s", getattr(request, "path", "?"), response.status_code,
+                response.data["code"], response.data["message"])
+        response._has_been_logged = True  # django.utils.log.log_response: do not log it again
     if response is not None and response.status_code == 401:
         view, request = context.get("view"), context.get("request")
         header = view.get_authenticate_header(request) if view is not None and request is not None else None

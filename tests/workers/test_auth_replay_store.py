@@ -4,6 +4,7 @@ and the failed-authentication limit that never refuses a correctly signed reques
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 
 import pytest
@@ -85,3 +86,17 @@ def test_failed_authentications_never_lock_out_a_correctly_signed_worker(client,
             429, "rate_limited")
     # the same address, correctly signed: always let through
     assert SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
+
+
+def test_a_request_signed_before_a_restart_is_logged_as_information_not_as_an_error(
+    client, worker_session, monkeypatch, caplog
+):
+    """The agent re-signs and retries; a newcomer's second `make run` must not print ERROR."""
+    worker, session = worker_session
+    raw = strictjson.dumps(heartbeat(session))
+    headers = signed_headers(worker, wire.SESSION_HEARTBEAT, raw)
+    monkeypatch.setattr(auth, "PROCESS_STARTED", int(time.time()) + 5)
+    with caplog.at_level(logging.INFO):
+        refused(send(client, wire.SESSION_HEARTBEAT, raw, headers), 503, "signature_predates_restart")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r for r in caplog.records if r.name == "qinglong.api" and "signature_predates_restart" in r.getMessage()]
