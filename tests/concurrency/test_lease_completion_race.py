@@ -50,3 +50,29 @@ def test_conflicting_completions_racing_have_exactly_one_winner(running):
     assert RunAttempt.objects.get(run=run).state == winners[0].outcome
     assert Event.objects.filter(run_id=run.pk, kind="lease.completed").count() == 1
     assert Event.objects.filter(run_id=run.pk, kind__in=TERMINAL_EVENTS).count() == 1
+
+
+@pytest.mark.parametrize("round_", range(20))
+def test_a_completion_racing_a_session_replacement_lands_before_it_or_is_fenced(round_):
+    """The old process completes while a new process of the same worker registers (ADR-0012 §2,
+    §3): both lock the worker row, so either the result stands and the replacement finds no live
+    lease, or the replacement settles the attempt lost and the completion is refused — never
+    both, never a second result."""
+    worker = enrolled_worker()
+    session = register(worker)
+    run = enqueue(make_revision(max_attempts=2, lost_retry="idempotent"))
+    held = start(claim_one(session))
+    results = race(lambda: complete(held), lambda: register(worker))
+    completion, replacement = results
+    assert replacement[0] == "ok", replacement  # a new process is never refused for this
+    run.refresh_from_db()
+    attempt = RunAttempt.objects.get(run=run, number=1)
+    if completion[0] == "ok":
+        assert (run.state, attempt.state) == ("succeeded", "succeeded")
+        assert not Event.objects.filter(run_id=run.pk, kind="attempt.lost").exists()
+    else:
+        error = completion[1]
+        assert isinstance(error, DomainError) and error.code in ("session_superseded", "lease_released"), error
+        assert attempt.state == "lost" and run.state == "retry_wait"
+        assert not Event.objects.filter(run_id=run.pk, kind="lease.completed").exists()
+    assert Event.objects.filter(run_id=run.pk, kind__in=TERMINAL_EVENTS).count() == (completion[0] == "ok")
