@@ -49,7 +49,7 @@ def free_port() -> int:
     raise RuntimeError("no free port in 8600-8699")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition", step: float = 0.1):
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition", step: float = 0.1):
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from runs.models import Run, RunAttempt
-from tests.agent.test_cancel_running import agent, group_members, wait_for
+from tests.agent.processes import wait_for
+from tests.agent.test_cancel_running import agent, group_members
 from tests.helpers import enqueue, make_revision
 from workers import services as worker_services
 

@@ -6,12 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from protocol import wire
+from tests.agent.processes import wait_for
 from runs.models import Run
 from tests.helpers import SignedClient, enqueue, make_revision
 from workers import services as worker_services
@@ -27,14 +27,6 @@ def agent(state: Path, *args: str, **popen) -> subprocess.Popen:
                             env=env, **popen)
 
 
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

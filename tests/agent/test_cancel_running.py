@@ -19,6 +19,7 @@ from audit.models import Event
 from leases.models import RunDispatchLease
 from runs import services as run_services
 from runs.models import Run, RunAttempt
+from tests.agent.processes import wait_for
 from tests.helpers import enqueue, make_revision
 from workers import services as worker_services
 
@@ -36,14 +37,6 @@ def agent(state: Path, *args: str, **popen) -> subprocess.Popen:
     )
 
 
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition", step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def group_members(pgid: int) -> list[int]:

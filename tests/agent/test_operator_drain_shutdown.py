@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from tests.agent.test_cancel_running import agent, wait_for
+from tests.agent.processes import wait_for
+from tests.agent.test_cancel_running import agent
 from workers import services as worker_services
 from workers.models import WorkerSession
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.executor import Execution
+from tests.agent.processes import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreaper is Linux-only")
 
@@ -30,21 +31,11 @@ def alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def start(tmp_path: Path, then: str, **kwargs) -> tuple[Execution, int]:
     pidfile = tmp_path / "escaped.pid"
     execution = Execution(executor="shell", command=ESCAPE.format(pidfile=pidfile, then=then), env={},
                           timeout_seconds=600, work_dir=tmp_path / "work", **kwargs)
-    escaped = wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 10, "the escapee's pid")
+    escaped = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10, what="the escapee's pid", step=0.02)
     pid = int(escaped)
     assert os.getpgid(pid) != execution.pid and os.getsid(pid) != os.getsid(execution.pid)  # it left
     return execution, pid
@@ -57,7 +48,7 @@ def test_stopping_the_job_ends_a_process_that_left_the_group(tmp_path):
     assert execution.wait(0)
     assert time.monotonic() - started < 2.5
     assert execution.result().outcome == "cancelled"
-    wait_until(lambda: not alive(escaped), 2, "the escaped process to die")
+    wait_for(lambda: not alive(escaped), timeout=2, what="the escaped process to die", step=0.02)
 
 
 def test_the_agents_death_ends_a_process_that_left_the_group(tmp_path):
@@ -65,14 +56,14 @@ def test_the_agents_death_ends_a_process_that_left_the_group(tmp_path):
     os.close(execution._watch)  # what the kernel does to the pipe when the agent dies
     execution._watch = None
     assert execution.wait(5)
-    wait_until(lambda: not alive(escaped), 2, "the escaped process to die")
+    wait_for(lambda: not alive(escaped), timeout=2, what="the escaped process to die", step=0.02)
 
 
 def test_the_watchdog_ends_a_process_that_left_the_group(tmp_path):
     execution, escaped = start(tmp_path, "sleep 300", kill_in=30)
     execution.kill_in(0.2)  # the lease was not renewed: the guard ends the job on its own
     assert execution.wait(5)
-    wait_until(lambda: not alive(escaped), 2, "the escaped process to die")
+    wait_for(lambda: not alive(escaped), timeout=2, what="the escaped process to die", step=0.02)
 
 
 def test_what_a_finished_job_leaves_behind_is_ended_and_its_status_kept(tmp_path):
@@ -80,4 +71,4 @@ def test_what_a_finished_job_leaves_behind_is_ended_and_its_status_kept(tmp_path
     assert execution.wait(5)
     result = execution.result()
     assert (result.outcome, result.exit_code) == ("failed", 3)
-    wait_until(lambda: not alive(escaped), 2, "the leftover process to die")
+    wait_for(lambda: not alive(escaped), timeout=2, what="the leftover process to die", step=0.02)
