@@ -12,6 +12,7 @@ cannot grow the agent's memory.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import IO
 
 from protocol.wire import OUTPUT_TAIL_BYTES
+
+from .guard import COOKIE_VARIABLE, end_processes
 
 KILL_GRACE_SECONDS = 5.0
 #: How much longer than the grace the agent gives the guard to end a job before doing it itself.
@@ -83,6 +86,8 @@ class Execution:
         self._script: Path | None = None
         self._watch: int | None = None
         self._stopped_as: str | None = None
+        #: Tags every process of this job (agent/guard.py), so that none outlives it.
+        self.cookie = secrets.token_hex(16)
         work_dir.mkdir(parents=True, exist_ok=True)
         if executor == "shell":
             argv = ["/bin/sh", "-c", command]
@@ -106,7 +111,7 @@ class Execution:
                 [sys.executable, "-I", str(GUARD),
                  *(["--kill-in", f"{max(0.0, kill_in):.3f}"] if kill_in is not None else []), "--", *argv],
                 cwd=work_dir,
-                env={**os.environ, **env},
+                env={**os.environ, **env, COOKIE_VARIABLE: self.cookie},
                 stdin=watch_read,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -184,15 +189,18 @@ class Execution:
             except ProcessLookupError:
                 pass
             self.wait(KILL_GRACE_SECONDS)
+        end_processes(None, self.cookie)
 
     def result(self) -> Result:
         """The outcome once the process has exited (call after ``wait`` returned True)."""
         code = self.process.wait()
-        # Reap anything the job left behind in its group; the attempt is over.
+        # The attempt is over: end anything of the job still running — in its group, or tagged
+        # with its cookie should the job have killed its guard (which does this itself otherwise).
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        end_processes(None, self.cookie)
         self._cleanup()
         if self._stopped_as is not None:
             outcome = self._stopped_as

@@ -3,13 +3,15 @@
     python3 -I agent/guard.py [--kill-in SECONDS] -- ARGV...
 
 The agent starts this file (not the ``agent`` package: only ``os``, ``select``, ``signal``,
-``sys``, ``time`` and, on Linux, ``ctypes`` are imported, to stay small) as the leader of a new
-process group, with the read end of a pipe as its standard input; only the agent holds the write
-end. The guard runs ARGV as its child in the same group and waits for one of four things:
+``sys``, ``time`` and, on Linux, ``ctypes`` are imported, to stay small; the agent imports its
+:func:`end_processes`) as the leader of a new process group, with the read end of a pipe as its
+standard input; only the agent holds the write end. The guard runs ARGV as its child in the same group and waits for one of four things:
 
 * the job ends — the guard ends whatever the job left running (below) and exits with the job's
   status (or dies of the job's signal), so the agent sees exactly what the job did;
-* the pipe reaches end-of-file — the agent died (even by SIGKILL: the kernel closes its end);
+* the agent dies — even by SIGKILL: the pipe reaches end-of-file (the kernel closes the agent's
+  end), or the guard finds itself re-parented (checked every poll, so a job that got hold of the
+  pipe cannot hide the agent's death);
 * the watchdog runs out — the agent did not move it in time. The agent writes a line with a
   number of seconds after every lease renewal ("end the job this long from now"); ``--kill-in``
   sets the first. An agent that is paused, hung or cut off from the control plane cannot renew,
@@ -17,17 +19,23 @@ end. The guard runs ARGV as its child in the same group and waits for one of fou
 * the agent writes ``stop GRACE`` — it stops the job (cancellation, timeout, shutdown).
 
 In the last three cases the guard *ends the job*: SIGTERM to the whole group and to every other
-descendant, then, once the job has exited or GRACE seconds (``GRACE_SECONDS`` for the agent's
-death and the watchdog) have passed, SIGKILL to every descendant left. The guard ignores SIGTERM
-itself and exits the way the job did.
+process of the job, then, once the job has exited or GRACE seconds (``GRACE_SECONDS`` for the
+agent's death and the watchdog) have passed, SIGKILL to every process of the job left — frozen
+with SIGSTOP first, so that a fork storm or a process that keeps changing its pid cannot slip
+through (:func:`end_processes`). The guard ignores SIGTERM itself and exits the way the job did.
 
-**The whole tree, not just the group.** A job may leave the process group on purpose (``setsid``,
-a daemonising double fork). On Linux the guard is a *child subreaper*
+**The processes of a job, not just its group.** A job may leave the process group on purpose
+(``setsid``, a daemonising double fork). On Linux the guard is a *child subreaper*
 (``prctl(PR_SET_CHILD_SUBREAPER)``): every process of the job's tree whose parent exits is
-re-parented to the guard instead of to init, so the guard finds all of them by walking
-``/proc/<pid>/stat`` parent links from itself, whatever their group or session, and reaps them.
-Out of reach is only a process another subreaper adopts or one moved away by a privileged call;
-where ``/proc`` or ``prctl`` is missing, the guard falls back to the process group.
+re-parented to the guard instead of to init, so the guard finds them all by walking
+``/proc/<pid>/stat`` parent links from itself, and reaps them. The agent also tags the job's
+environment with a per-job cookie (``QINGLONG_JOB_COOKIE``), which every process of the job
+inherits wherever it goes; the guard — and the agent, after the guard has exited, in case the
+job killed its guard — also ends every process that carries it (the technique of Jenkins'
+process tree killer). The guard is not dumpable, so a job running as the same (non-root) user
+cannot open the guard's pipe through ``/proc``. What a job can still do on purpose — clear its
+environment *and* escape the tree, or, as root, tamper with the guard — only a separate user or
+a cgroup per job prevents.
 """
 
 import os
@@ -40,7 +48,11 @@ GRACE_SECONDS = 2.0
 POLL_SECONDS = 0.5
 #: How long the guard waits for SIGKILLed processes to die before giving up on them.
 KILL_WAIT_SECONDS = 5.0
-PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+PR_SET_DUMPABLE = 4  # <linux/prctl.h>
+PR_SET_CHILD_SUBREAPER = 36
+#: The environment variable that tags every process of one job (set by the agent, inherited by
+#: the job's processes wherever they go, unless they clear their environment).
+COOKIE_VARIABLE = "QINGLONG_JOB_COOKIE"
 
 
 def _exit_like(status: int) -> None:
@@ -62,26 +74,25 @@ def _say(text: str) -> None:
         pass
 
 
-def _become_subreaper() -> bool:
-    """Adopt the job tree's orphans (Linux); False where the kernel offers no such thing."""
+def _prctl(option: int, value: int) -> bool:
+    """``prctl(option, value)`` on Linux; False where it is not available or refused."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         import ctypes
 
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
 
-def _descendants() -> list[int] | None:
-    """Live descendants of the guard, found through ``/proc`` parent links (zombies left out);
-    None where ``/proc`` cannot be read."""
+def _proc_entries() -> list[tuple[int, int, bytes]] | None:
+    """``(pid, ppid, state)`` of every process in ``/proc``; None where it cannot be read."""
     try:
         names = os.listdir("/proc")
     except OSError:
         return None
-    children: dict[int, list[int]] = {}
+    entries = []
     for name in names:
         if not name.isdigit():
             continue
@@ -92,33 +103,90 @@ def _descendants() -> list[int] | None:
             state, ppid = stat[stat.rindex(b")") + 1:].split()[:2]
         except (OSError, ValueError):
             continue
-        if state not in (b"Z", b"X"):
-            children.setdefault(int(ppid), []).append(int(name))
-    found, todo = [], [os.getpid()]
+        entries.append((int(name), int(ppid), state))
+    return entries
+
+
+def _carries(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return marker in handle.read().split(b"\0")
+    except OSError:  # gone, or another user's process
+        return False
+
+
+def job_processes(root: int | None, cookie: str | None) -> list[int] | None:
+    """Live (non-zombie) processes of a job: the descendants of ``root`` through ``/proc`` parent
+    links, and every process whose environment carries ``QINGLONG_JOB_COOKIE=cookie`` (which the
+    job's processes inherit even after leaving the tree, unless they clear their environment).
+    The calling process is never included. None where ``/proc`` cannot be read."""
+    entries = _proc_entries()
+    if entries is None:
+        return None
+    me = os.getpid()
+    children: dict[int, list[int]] = {}
+    live = set()
+    for pid, ppid, state in entries:
+        if state not in (b"Z", b"X") and pid != me:
+            children.setdefault(ppid, []).append(pid)
+            live.add(pid)
+    found: set[int] = set()
+    todo = [root] if root is not None else []
     while todo:
         for pid in children.get(todo.pop(), ()):
-            found.append(pid)
-            todo.append(pid)
-    return found
+            if pid not in found:
+                found.add(pid)
+                todo.append(pid)
+    if cookie:
+        marker = f"{COOKIE_VARIABLE}={cookie}".encode()
+        found.update(pid for pid in live - found if _carries(pid, marker))
+    return sorted(found)
 
 
-def _signal_tree(signum: int) -> bool:
-    """Send ``signum`` to every live descendant; False when none was left (or ``/proc`` is
-    missing)."""
-    pids = _descendants() or []
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except OSError:
-            pass
-    return bool(pids)
+def end_processes(root: int | None, cookie: str | None, *, timeout: float = KILL_WAIT_SECONDS,
+                  reap=None) -> bool:
+    """SIGKILL every process of a job (:func:`job_processes`) until none is left.
+
+    Freeze, then kill: each round sends SIGSTOP to every process found and scans again until a
+    scan finds nothing new — a stopped process cannot fork, so a fork storm or a process that
+    keeps changing its pid is caught — then SIGKILL to all of them. ``reap`` (optional) is
+    called between rounds to collect zombies. Returns True once none is left, False after
+    ``timeout`` seconds or where ``/proc`` cannot be read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = job_processes(root, cookie)
+        if pids is None:
+            return False
+        if not pids:
+            return True
+        frozen: set[int] = set()
+        while pids and not set(pids) <= frozen and time.monotonic() < deadline:
+            for pid in set(pids) - frozen:
+                _signal(pid, signal.SIGSTOP)
+            frozen.update(pids)
+            pids = job_processes(root, cookie) or []
+        for pid in frozen | set(pids):
+            _signal(pid, signal.SIGKILL)
+        if reap is not None:
+            reap()
+        if time.monotonic() >= deadline:
+            return not job_processes(root, cookie)
+        select.select([], [], [], 0.01)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
 
 
 class _Job:
     """The job (the guard's child) and the reaping of everything re-parented to the guard."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, cookie: str | None) -> None:
         self.pid = pid
+        self.cookie = cookie
         self.status: int | None = None
 
     def reap(self) -> bool:
@@ -135,27 +203,27 @@ class _Job:
         return self.status is not None
 
     def finish(self) -> None:
-        """SIGKILL whatever the job left running, then exit the way the job did."""
-        if _descendants() is None:  # no /proc: the process group is all the guard can reach
+        """SIGKILL whatever of the job is left (frozen first), then exit the way the job did."""
+        if not os.path.isdir("/proc/self"):  # no /proc: the process group is all the guard can reach
             if self.status is None:
                 os.killpg(0, signal.SIGKILL)  # the job lives on: end the group, the guard included
             _exit_like(self.status)
-        deadline = time.monotonic() + KILL_WAIT_SECONDS
-        while True:
-            left = _signal_tree(signal.SIGKILL)
-            if (self.reap() and not left) or time.monotonic() >= deadline:
-                break
+        end_processes(os.getpid(), self.cookie, reap=self.reap)
+        deadline = time.monotonic() + 1.0
+        while not self.reap() and time.monotonic() < deadline:
             select.select([], [], [], 0.01)
         _exit_like(self.status if self.status is not None else signal.SIGKILL)
 
     def end(self, why: str, grace: float) -> None:
-        """End the job: SIGTERM to the group and the whole tree, SIGKILL after ``grace`` s."""
+        """End the job: SIGTERM to the group and every other process of the job, SIGKILL to
+        whatever is left once the job has exited or ``grace`` seconds have passed."""
         _say(f"qinglong guard: {why}; ending the job\n")
         try:
             os.killpg(0, signal.SIGTERM)  # the guard ignores it
         except OSError:
             pass
-        _signal_tree(signal.SIGTERM)
+        for pid in job_processes(os.getpid(), self.cookie) or []:
+            _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while not self.reap() and time.monotonic() < deadline:
             select.select([], [], [], 0.05)
@@ -176,8 +244,10 @@ def _parse(argv: list[str]) -> tuple[float | None, list[str]]:
 def main(argv: list[str]) -> None:
     kill_in, command = _parse(argv)
     deadline = None if kill_in is None else time.monotonic() + kill_in
+    agent = os.getppid()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the job decides how a group SIGTERM ends it
-    _become_subreaper()
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)  # the job tree's orphans come to the guard, not to init
+    _prctl(PR_SET_DUMPABLE, 0)  # the job (another uid-equal process) cannot open the guard's fds
     child = os.fork()
     if child == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -188,11 +258,13 @@ def main(argv: list[str]) -> None:
         except OSError as exc:
             _say(f"cannot start {command[0]}: {exc}\n")
             os._exit(127)
-    job = _Job(child)
+    job = _Job(child, os.environ.get(COOKIE_VARIABLE))
     pending = b""
     while True:
         if job.reap():
             job.finish()
+        if os.getppid() != agent:  # re-parented: the agent died, whoever holds the pipe
+            job.end("the agent is gone", GRACE_SECONDS)
         wait = POLL_SECONDS if deadline is None else max(0.0, min(POLL_SECONDS, deadline - time.monotonic()))
         readable, _, _ = select.select([0], [], [], wait)
         if readable:

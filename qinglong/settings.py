@@ -265,5 +265,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("QINGLONG_LOG_LEVEL", default="INFO")},
-    "loggers": {"django.request": {"level": "ERROR"}, "waitress": {"level": "WARNING"}},
+    "loggers": {
+        "django.request": {"level": "ERROR"},
+        "waitress": {"level": "WARNING"},
+        # Django logs a foreign Host header at ERROR with a traceback; anyone could flood that.
+        # The 400 answer logs one warning line instead (qinglong.api.exceptions.bad_request).
+        "django.security.DisallowedHost": {"handlers": [], "propagate": False},
+    },
 }

@@ -120,6 +120,8 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
     """``handler400``: what Django refuses before any view runs (a ``Host`` header outside
     ``ALLOWED_HOSTS``, another ``SuspiciousOperation``). API clients get the JSON error body
     (``host_not_allowed`` naming ``Host``, or ``request_rejected``); the admin keeps Django's page."""
+    if isinstance(exception, DisallowedHost):  # one line, no traceback (see LOGGING)
+        log.warning("refused a request for %s: %s", request.path, exception)
     if not request.path.startswith("/api/"):
         return defaults.bad_request(request, exception)
     if isinstance(exception, DisallowedHost):

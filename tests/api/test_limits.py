@@ -3,6 +3,8 @@ or authenticates (413), strict JSON (depth, duplicate keys), rate limits per pri
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -144,9 +146,30 @@ def test_worker_endpoints_take_only_post(api):
 
 @pytest.mark.parametrize("path", [wire.SESSION_HEARTBEAT, "/api/v1/ops/runs", "/api/v1/nowhere"])
 def test_a_host_outside_allowed_hosts_gets_the_json_error_naming_the_header(client, path):
-    answer = client.post(path, b"{}", content_type="application/json", headers={"host": "evil.example"})
+    reaching_the_log = RootRecords()  # what the configured root handlers see
+    logging.getLogger().addHandler(reaching_the_log)
+    try:
+        answer = client.post(path, b"{}", content_type="application/json", headers={"host": "evil.example"})
+    finally:
+        logging.getLogger().removeHandler(reaching_the_log)
     assert answer.status_code == 400 and answer["Content-Type"] == "application/json"
     assert (answer.json()["code"], answer.json()["field"]) == ("host_not_allowed", "Host")
+    # one warning line, no ERROR with a traceback that anyone could flood the log with
+    assert [(r.name, r.levelno, r.exc_info) for r in reaching_the_log.records] == [
+        ("qinglong.api", logging.WARNING, None)
+    ]
+
+
+class RootRecords(logging.Handler):
+    """Collects the records that propagate to the root logger (pytest's own capture handlers
+    sit on every logger, so caplog would also show records the configuration drops)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def test_the_admin_keeps_djangos_page_for_a_disallowed_host(client):

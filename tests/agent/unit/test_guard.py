@@ -6,6 +6,7 @@ Real processes, no mocks."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from agent.executor import Execution
-from tests.agent.processes import wait_for
+from agent.guard import job_processes
+from tests.agent.processes import ROOT, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreaper is Linux-only")
 
@@ -72,3 +74,70 @@ def test_what_a_finished_job_leaves_behind_is_ended_and_its_status_kept(tmp_path
     result = execution.result()
     assert (result.outcome, result.exit_code) == ("failed", 3)
     wait_for(lambda: not alive(escaped), timeout=2, what="the leftover process to die", step=0.02)
+
+
+def test_a_job_that_kills_its_guard_leaves_nothing_behind(tmp_path):
+    """The job kills the guard (its parent) after starting a process of its own session: the
+    agent ends every process tagged with the job's cookie once the guard is gone."""
+    execution, escaped = start(tmp_path, "kill -9 $PPID; sleep 300")
+    assert execution.wait(5)
+    execution.result()
+    wait_for(lambda: not alive(escaped), timeout=2, what="the escaped process to die", step=0.02)
+    assert job_processes(None, execution.cookie) == []
+
+
+HOPPER = r"""
+import os, sys, time
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    if os.fork():
+        os._exit(0)          # the parent leaves: the process of the job keeps changing its pid
+    os.setsid()
+    with open(sys.argv[1], "w") as beat:
+        beat.write(str(time.monotonic()))
+    time.sleep(0.005)
+"""
+
+
+def test_a_process_that_keeps_changing_its_pid_is_caught(tmp_path):
+    beat = tmp_path / "beat"
+    execution = Execution(executor="python", command=HOPPER.replace("sys.argv[1]", repr(str(beat))), env={},
+                          timeout_seconds=600, work_dir=tmp_path / "work")
+    wait_for(beat.exists, timeout=10, what="the hopper to run")
+    time.sleep(0.5)
+    execution.stop("cancelled", grace=0.2)
+    execution.result()
+    assert job_processes(None, execution.cookie) == []
+    last = beat.read_text()
+    time.sleep(0.3)
+    assert beat.read_text() == last  # nobody is hopping any more
+
+
+AGENT = r"""
+import sys, time
+from pathlib import Path
+from agent.executor import Execution
+from agent.guard import job_processes
+execution = Execution(executor="shell", command=sys.argv[1], env={}, timeout_seconds=600, work_dir=Path(sys.argv[2]))
+print(execution.pid, execution.cookie, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_agents_death_is_seen_even_when_the_job_holds_the_guards_pipe(tmp_path):
+    """The job opens the guard's watchdog pipe for writing (through /proc, as root can) and keeps
+    pushing the watchdog out: the guard still sees the agent die (it is re-parented)."""
+    job = "exec 3>/proc/$PPID/fd/0; while true; do echo 100000 >&3; sleep 0.2; done"
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, job, str(tmp_path / "work")], cwd=ROOT,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        guard, cookie = agent.stdout.readline().split()
+        wait_for(lambda: len(job_processes(int(guard), cookie) or []) >= 2, timeout=10, what="the job to run")
+        time.sleep(0.5)
+        agent.kill()
+        agent.wait(5)
+        wait_for(lambda: not alive(int(guard)) and not job_processes(None, cookie), timeout=5, step=0.05,
+                 what="the guard and the job to end")
+    finally:
+        agent.kill()
+        agent.wait(5)
