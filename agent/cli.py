@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--feature", action="append", default=[], help="capability feature, repeatable")
     run.add_argument("--drain-timeout", type=float, default=60.0, help="seconds to wait for running attempts")
     run.add_argument("--work-dir", type=Path, default=None, help="where attempts run (default: state dir/work)")
+    run.add_argument("--job-user", default=None,
+                     help="run every job as this user (the agent must run as root): a job then cannot "
+                          "signal, stop or inspect the agent or its guard")
     run.add_argument("--poll-max", type=float, default=5.0, help="longest wait between idle claims, seconds")
     run.add_argument("--backoff-max", type=float, default=8.0,
                      help="longest wait between retries while the control plane is unreachable, seconds")
@@ -101,6 +104,11 @@ def _run(args: argparse.Namespace, state: StateDir) -> int:
         return 1
     server = args.server or credential.server
     work_dir = args.work_dir or state.path / "work"
+    if args.job_user is not None:
+        problem = _prepare_job_user(args.job_user, work_dir, state.path)
+        if problem:
+            print(f"cannot start: --job-user: {problem}", file=sys.stderr)
+            return 2
     try:
         capabilities = detect_valid(work_dir=work_dir, labels=dict(args.label), features=args.feature)
     except ProtocolError as exc:
@@ -108,10 +116,27 @@ def _run(args: argparse.Namespace, state: StateDir) -> int:
         return 1
     settings = Settings(max_concurrent=args.max_concurrent, labels=dict(args.label), work_dir=work_dir,
                         drain_timeout=args.drain_timeout, poll_max=max(1.0, args.poll_max),
-                        backoff_max=args.backoff_max)
+                        backoff_max=args.backoff_max, job_user=args.job_user)
     client = Client(server, key_id=credential.credentialId, key=key, timeout=args.timeout)
     agent = Agent(client, credential, state, settings)
     return agent.run(capabilities)
+
+
+def _prepare_job_user(user: str, work_dir: Path, state_dir: Path) -> str | None:
+    """Check that jobs can run as ``user`` and give it the work directory; the problem, or None."""
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return f"no such user {user!r}"
+    if os.geteuid() != 0:
+        return "running jobs as another user needs the agent to run as root"
+    if work_dir.resolve().is_relative_to(state_dir.resolve()):
+        return "give a --work-dir outside the state directory, which only the agent may enter"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    os.chown(work_dir, entry.pw_uid, entry.pw_gid)
+    return None
 
 
 def _rotate(args: argparse.Namespace, state: StateDir) -> int:

@@ -12,6 +12,7 @@ cannot grow the agent's memory.
 from __future__ import annotations
 
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -81,7 +82,10 @@ class Execution:
     """One started process. ``wait(timeout)`` polls it; ``stop(outcome)`` ends it early."""
 
     def __init__(self, *, executor: str, command: str, env: dict[str, str], timeout_seconds: int,
-                 work_dir: Path, kill_in: float | None = None) -> None:
+                 work_dir: Path, kill_in: float | None = None, user: str | None = None) -> None:
+        """Start the job under its guard. ``kill_in``: the guard's first watchdog, seconds;
+        ``user``: run the job as this user (the agent must be root; see agent/guard.py).
+        Raises :class:`StartFailed` when the process cannot be started."""
         self.timeout_seconds = timeout_seconds
         self._script: Path | None = None
         self._watch: int | None = None
@@ -97,6 +101,13 @@ class Execution:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(command)
             self._script = Path(name)
+            if user is not None:  # the job's user must read its script
+                try:
+                    entry = pwd.getpwnam(user)
+                    os.chown(name, entry.pw_uid, entry.pw_gid)
+                except (KeyError, OSError) as exc:
+                    self._cleanup()
+                    raise StartFailed(f"cannot hand the script to {user}: {exc}") from exc
             argv = [*INTERPRETERS[executor], name]
         else:
             raise StartFailed(f"this agent has no {executor!r} executor")
@@ -109,7 +120,8 @@ class Execution:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", str(GUARD),
-                 *(["--kill-in", f"{max(0.0, kill_in):.3f}"] if kill_in is not None else []), "--", *argv],
+                 *(["--kill-in", f"{max(0.0, kill_in):.3f}"] if kill_in is not None else []),
+                 *(["--user", user] if user is not None else []), "--", *argv],
                 cwd=work_dir,
                 env={**os.environ, **env, COOKIE_VARIABLE: self.cookie},
                 stdin=watch_read,

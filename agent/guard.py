@@ -1,11 +1,12 @@
 """The job guard: a job never outlives the lease that authorises it, nor the agent that holds it.
 
-    python3 -I agent/guard.py [--kill-in SECONDS] -- ARGV...
+    python3 -I agent/guard.py [--kill-in SECONDS] [--user NAME] -- ARGV...
 
 The agent starts this file (not the ``agent`` package: only ``os``, ``select``, ``signal``,
 ``sys``, ``time`` and, on Linux, ``ctypes`` are imported, to stay small; the agent imports its
 :func:`end_processes`) as the leader of a new process group, with the read end of a pipe as its
-standard input; only the agent holds the write end. The guard runs ARGV as its child in the same group and waits for one of four things:
+standard input; only the agent holds the write end. The guard runs ARGV as its child in the same
+group (as ``--user``, if given) and waits for one of four things:
 
 * the job ends — the guard ends whatever the job left running (below) and exits with the job's
   status (or dies of the job's signal), so the agent sees exactly what the job did;
@@ -33,9 +34,14 @@ environment with a per-job cookie (``QINGLONG_JOB_COOKIE``), which every process
 inherits wherever it goes; the guard — and the agent, after the guard has exited, in case the
 job killed its guard — also ends every process that carries it (the technique of Jenkins'
 process tree killer). The guard is not dumpable, so a job running as the same (non-root) user
-cannot open the guard's pipe through ``/proc``. What a job can still do on purpose — clear its
-environment *and* escape the tree, or, as root, tamper with the guard — only a separate user or
-a cgroup per job prevents.
+cannot open the guard's pipe through ``/proc``.
+
+**A job of the agent's own user can still stop or kill the guard (and the agent) on purpose** —
+any process may signal another of the same user. ``--user NAME`` (the agent's ``--job-user``;
+the agent runs as root) runs the job as another user, which closes that: the job cannot signal,
+stop or inspect the guard or the agent, nor leave the reach of the guard, which still signals
+the job as root. Without it, the guarantee covers jobs that misbehave by accident (ignore
+SIGTERM, daemonise, fork storms, leftovers), not a job written to escape.
 """
 
 import os
@@ -230,19 +236,34 @@ class _Job:
         self.finish()
 
 
-def _parse(argv: list[str]) -> tuple[float | None, list[str]]:
-    kill_in = None
-    if argv[:1] == ["--kill-in"] and len(argv) >= 2:
-        kill_in = float(argv[1])
+def _parse(argv: list[str]) -> tuple[float | None, str | None, list[str]]:
+    kill_in = user = None
+    while argv[:1] in (["--kill-in"], ["--user"]) and len(argv) >= 2:
+        if argv[0] == "--kill-in":
+            kill_in = float(argv[1])
+        else:
+            user = argv[1]
         argv = argv[2:]
     if argv[:1] != ["--"] or len(argv) < 2:
-        _say("usage: guard.py [--kill-in SECONDS] -- ARGV...\n")
+        _say("usage: guard.py [--kill-in SECONDS] [--user NAME] -- ARGV...\n")
         os._exit(2)
-    return kill_in, argv[1:]
+    return kill_in, user, argv[1:]
+
+
+def _become(user: str) -> None:
+    """In the job's process, before exec: drop to ``user`` (its groups, gid, uid, HOME). A job of
+    another user cannot signal, stop or inspect the guard or the agent."""
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    os.initgroups(user, entry.pw_gid)
+    os.setgid(entry.pw_gid)
+    os.setuid(entry.pw_uid)
+    os.environ.update(HOME=entry.pw_dir, USER=user, LOGNAME=user)
 
 
 def main(argv: list[str]) -> None:
-    kill_in, command = _parse(argv)
+    kill_in, user, command = _parse(argv)
     deadline = None if kill_in is None else time.monotonic() + kill_in
     agent = os.getppid()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the job decides how a group SIGTERM ends it
@@ -253,6 +274,12 @@ def main(argv: list[str]) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
+        try:
+            if user is not None:
+                _become(user)
+        except (KeyError, OSError) as exc:
+            _say(f"cannot run the job as {user}: {exc}\n")
+            os._exit(126)
         try:
             os.execvp(command[0], command)
         except OSError as exc:

@@ -180,6 +180,8 @@ class Settings:
     poll_max: float = 5.0
     #: Longest wait between two retries of a call the control plane did not answer, seconds.
     backoff_max: float = 8.0
+    #: Run every job as this user (the agent runs as root), out of reach of the agent's processes.
+    job_user: str | None = None
 
 
 class Agent:
@@ -542,7 +544,8 @@ class AttemptRunner(threading.Thread):
         try:
             self.execution = Execution(executor=spec["executor"], command=spec["command"], env=spec["env"],
                                        timeout_seconds=spec["timeoutSeconds"], work_dir=self.agent.settings.work_dir,
-                                       kill_in=lease_deadline - guard_margin(lease_window) - time.monotonic())
+                                       kill_in=lease_deadline - guard_margin(lease_window) - time.monotonic(),
+                                       user=self.agent.settings.job_user)
         except StartFailed as exc:
             log.error("attempt %s: could not start: %s", attempt_id, exc)
             self._ack(wire.LEASE_START_FAILED, {"reason": "executor_start_failed"}, patience=lease_window / 2)

@@ -6,8 +6,10 @@ Real processes, no mocks."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +39,8 @@ def start(tmp_path: Path, then: str, **kwargs) -> tuple[Execution, int]:
     pidfile = tmp_path / "escaped.pid"
     execution = Execution(executor="shell", command=ESCAPE.format(pidfile=pidfile, then=then), env={},
                           timeout_seconds=600, work_dir=tmp_path / "work", **kwargs)
-    escaped = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10, what="the escapee's pid", step=0.02)
+    escaped = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10,
+                       what="the escapee's pid", step=0.02)
     pid = int(escaped)
     assert os.getpgid(pid) != execution.pid and os.getsid(pid) != os.getsid(execution.pid)  # it left
     return execution, pid
@@ -141,3 +144,38 @@ def test_the_agents_death_is_seen_even_when_the_job_holds_the_guards_pipe(tmp_pa
     finally:
         agent.kill()
         agent.wait(5)
+
+
+def _job_user() -> str | None:
+    import pwd
+
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        return None
+    return "nobody" if os.geteuid() == 0 else None
+
+
+@pytest.mark.skipif(_job_user() is None, reason="needs root and the user nobody")
+def test_a_job_run_as_another_user_cannot_stop_or_kill_its_guard(request):
+    """With ``--job-user`` the job runs as another user: its attempts to stop and to kill its
+    guard fail (EPERM), and the guard still ends it and its escapee when told to."""
+    import pwd
+
+    work = Path(tempfile.mkdtemp(prefix="qinglong-job-user-"))  # pytest's tmp_path is private to root
+    request.addfinalizer(lambda: shutil.rmtree(work, ignore_errors=True))
+    nobody = pwd.getpwnam("nobody")
+    os.chown(work, nobody.pw_uid, nobody.pw_gid)
+    pidfile = work / "escaped.pid"
+    report = work / "report"
+    command = (f"id -u > {report}; kill -STOP $PPID 2>>{report}; kill -9 $PPID 2>>{report}; "
+               + ESCAPE.format(pidfile=pidfile, then="sleep 300"))
+    execution = Execution(executor="shell", command=command, env={}, timeout_seconds=600, work_dir=work,
+                          user="nobody")
+    escaped = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10,
+                           what="the escapee's pid", step=0.02))
+    assert report.read_text().splitlines()[0] == str(nobody.pw_uid)
+    assert alive(execution.pid)  # the guard survived both signals
+    execution.stop("cancelled", grace=0.5)
+    assert execution.wait(5) and execution.result().outcome == "cancelled"
+    wait_for(lambda: not alive(escaped), timeout=2, what="the escaped process to die", step=0.02)
