@@ -130,8 +130,15 @@ class Client:
         if len(data) > MAX_RESPONSE_BYTES:
             self.close()
             raise TransportError("response larger than the agent accepts")
+        # read(n) does not raise on a body cut short (a control plane killed mid-answer): compare
+        # with Content-Length, and never take an empty body for an answer. The call is retried
+        # (every worker call is idempotent: a claim replays its offers).
+        length = response.getheader("Content-Length")
+        if not data or (length is not None and length.isdigit() and int(length) != len(data)):
+            self.close()
+            raise TransportError(f"HTTP {response.status} answer cut short ({len(data)} of {length} bytes)")
         try:
-            decoded = json.loads(data) if data else {}
+            decoded = json.loads(data)
         except ValueError as exc:
             raise TransportError(f"HTTP {response.status} with a non-JSON body") from exc
         if response.status >= 400:
