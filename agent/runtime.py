@@ -2,8 +2,8 @@
 
 Threads, one per concern: the main thread claims work; one heartbeat timer thread (never
 overlapping itself, a daemon so it never holds the process up); one runner thread per attempt,
-which owns that attempt's lease (starting ACK, running ACK, renewals just before the lease midpoint, the
-completion). Nothing else runs: no timer exists before ``Agent.run`` is called.
+which owns that attempt's lease (starting ACK, running ACK, renewals just before the lease
+midpoint, the completion). Nothing else runs: no timer exists before ``Agent.run`` is called.
 
 Failure rules:
 
@@ -463,7 +463,7 @@ class Agent:
 
 
 class AttemptRunner(threading.Thread):
-    """Owns one attempt: ACKs, the process, renewals (just before the lease midpoint), the completion."""
+    """Owns one attempt: ACKs, the process, renewals (just before the lease midpoint), completion."""
 
     def __init__(self, agent: Agent, offer: dict[str, Any], lease_token: str) -> None:
         super().__init__(name=f"attempt-{offer['lease']['attemptId'][:8]}", daemon=True)
@@ -560,7 +560,6 @@ class AttemptRunner(threading.Thread):
             return
         self.lease = running["lease"]
         next_renew = sent + renew_period(self.lease["renewIntervalSeconds"])
-        grace = cancel_grace(self.lease["renewIntervalSeconds"])
         if running["cancelRequested"]:
             self._cancel.set()
         while True:
@@ -569,7 +568,7 @@ class AttemptRunner(threading.Thread):
                 break
             now = time.monotonic()
             if self._cancel.is_set():
-                execution.stop("cancelled", grace)
+                execution.stop("cancelled", cancel_grace(self.lease["renewIntervalSeconds"]))
                 break
             if now >= execution.deadline:
                 execution.stop("timed_out")
@@ -586,12 +585,11 @@ class AttemptRunner(threading.Thread):
                 lease_deadline = sent + lease_window
                 execution.kill_in(lease_deadline - guard_margin(lease_window) - time.monotonic())
                 next_renew = sent + renew_period(self.lease["renewIntervalSeconds"])
-                grace = cancel_grace(self.lease["renewIntervalSeconds"])
                 if renewed["cancelRequested"]:
                     # Kill now, not after the next wait step: the kill must land within one
                     # renew interval of the cancellation.
                     self._cancel.set()
-                    execution.stop("cancelled", grace)
+                    execution.stop("cancelled", cancel_grace(self.lease["renewIntervalSeconds"]))
                     break
         result = execution.result()
         if self._abandon.is_set():

@@ -157,8 +157,8 @@ def valid_range(value: Any, field: str) -> str:
     """Return the normalised text of the npm-style semver range ``value`` (ADR-0012 §4).
 
     ``value``: 1–128 characters of ``[0-9A-Za-z.+-<>=~^*|]`` and spaces, numbers of at most 16
-    digits, for example ``>=3.9 <4`` or ``^18 || ^20``. Runs of spaces collapse to one and the ends are trimmed; every
-    ``||`` alternative must hold a comparator. Raises :class:`ProtocolError`
+    digits, for example ``>=3.9 <4`` or ``^18 || ^20``. Runs of spaces collapse to one and the
+    ends are trimmed; every ``||`` alternative must hold a comparator. Raises :class:`ProtocolError`
     ``placement_invalid`` at ``field`` for anything else or for text ``node-semver`` rejects.
     """
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_RANGE_LENGTH:

@@ -90,7 +90,9 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "attempt_already_started": ErrorSpec(409, "The attempt already started; it cannot be released."),
     "executor_handle_mismatch": ErrorSpec(409, "The executor handle differs from the one recorded."),
     "capacity_exhausted": ErrorSpec(409, "The worker holds as many active leases as it may."),
-    "cancel_not_requested": ErrorSpec(409, "A `cancelled` start failure or completion needs a cancellation request on the run."),
+    "cancel_not_requested": ErrorSpec(
+        409, "A `cancelled` start failure or completion needs a cancellation request on the run."
+    ),
     # --- runs (SIBLINGS §1, §2) ---------------------------------------------------------------
     "task_not_found": ErrorSpec(404, "No such task."),
     "revision_not_found": ErrorSpec(404, "No such task revision."),

@@ -1,7 +1,7 @@
 """URL map. Worker API: /api/v1/worker/ (signed). Operator API: /api/v1/ops/ (staff token).
 OpenAPI 3 schema: /api/v1/schema (YAML by default, ``?format=json`` for JSON; committed as
-docs/openapi.yaml). Unknown /api/ paths answer the JSON error body (404 ``not_found``), and so does a request Django
-refuses before routing (400 ``host_not_allowed``)."""
+docs/openapi.yaml). Unknown /api/ paths answer the JSON error body (404 ``not_found``), and so
+does a request Django refuses before routing (400 ``host_not_allowed``)."""
 
 from django.contrib import admin
 from django.urls import include, path

@@ -120,12 +120,11 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
     """``handler400``: what Django refuses before any view runs (a ``Host`` header outside
     ``ALLOWED_HOSTS``, another ``SuspiciousOperation``). API clients get the JSON error body
     (``host_not_allowed`` naming ``Host``, or ``request_rejected``); the admin keeps Django's page."""
-    if isinstance(exception, DisallowedHost):  # one line, no traceback (see LOGGING)
-        log.warning("refused a request for %s: %s", request.path, exception)
+    if isinstance(exception, DisallowedHost):
+        log.warning("refused a request for %s: %s", request.path, exception)  # one line (see LOGGING)
+        code, field = "host_not_allowed", "Host"
+    else:
+        code, field = "request_rejected", None
     if not request.path.startswith("/api/"):
         return defaults.bad_request(request, exception)
-    if isinstance(exception, DisallowedHost):
-        return JsonResponse({"code": "host_not_allowed", "message": CATALOGUE["host_not_allowed"].meaning,
-                             "field": "Host"}, status=400)
-    return JsonResponse({"code": "request_rejected", "message": CATALOGUE["request_rejected"].meaning,
-                         "field": None}, status=400)
+    return JsonResponse({"code": code, "message": CATALOGUE[code].meaning, "field": field}, status=400)
