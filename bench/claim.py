@@ -45,6 +45,13 @@ from urllib.parse import urlsplit
 
 from pgdb import admin_connect, dbname, ensure_database  # bench/pgdb.py
 
+from actions.enrollment import worker_create
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.leases.renewal import lease_release
+from actions.sessions.registration import session_register
+from actions.tasks import task_create
+from runs.revisions import RevisionSpec
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -88,18 +95,16 @@ def reset_and_load(backlog: int, claimers: int) -> list[Claimer]:
 
     from protocol.capabilities import snapshot
     from protocol.ids import uuid7
-    from runs import services as run_services
-    from workers import services as worker_services
-
+        
     with connection.cursor() as cursor:
         cursor.execute(
             "TRUNCATE leases_rundispatchlease, runs_runattempt, runs_run, runs_taskrevision, runs_task, "
             "audit_event, workers_workersession, workers_workercredential, workers_enrollmenttoken, "
             "workers_worker CASCADE"
         )
-    revision = run_services.task_create(
+    revision = task_create(
         name="bench-claim",
-        spec=run_services.RevisionSpec(executor="shell", command="true", timeout_seconds=60),
+        spec=RevisionSpec(executor="shell", command="true", timeout_seconds=60),
     )
     capabilities = snapshot(
         {
@@ -117,8 +122,8 @@ def reset_and_load(backlog: int, claimers: int) -> list[Claimer]:
     )
     out = []
     for index in range(claimers):
-        worker = worker_services.worker_create(name=f"bench-{index:02d}")
-        view = worker_services.session_register(
+        worker = worker_create(name=f"bench-{index:02d}")
+        view = session_register(
             worker_id=worker.pk,
             session_id=uuid7(),
             capabilities=capabilities,
@@ -166,7 +171,7 @@ def queue_plan() -> tuple[str, float, int]:
     one placement class's queue (runs.selectors.placement_class_heads), after finding the classes."""
     from django.db import connection
 
-    from qinglong.db import db_now
+    from core.db import db_now
     from runs.selectors import QUEUE_PAGE, dispatch_queue_queryset, waiting_placement_classes
 
     now = db_now()
@@ -189,7 +194,6 @@ def queue_plan() -> tuple[str, float, int]:
 def _claimer(claimer: Claimer, barrier, seconds: float, results) -> None:
     from django.db import connection
 
-    from leases.services import OfferRequest, lease_claim, lease_release
     from protocol.ids import uuid7
 
     latencies: list[float] = []

@@ -54,11 +54,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from actions.enrollment import enrollment_token_create, worker_create
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.client import ApiError, Client  # noqa: E402
 from pgdb import ensure_database  # noqa: E402  (bench/pgdb.py)
+
+from agent.client import ApiError, Client  # noqa: E402
 from protocol import wire  # noqa: E402
 from protocol.ids import uuid7  # noqa: E402
 from protocol.signing import public_key_text  # noqa: E402
@@ -147,12 +150,11 @@ def enroll_workers(server_url: str, count: int, tag: str) -> list[BenchWorker]:
     """Create workers and tokens through the services, then enroll and register over HTTP."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from workers import services
-
+    
     workers = []
     for index in range(count):
-        worker = services.worker_create(name=f"bench-hb-{tag}-{index}", actor="bench")
-        issued = services.enrollment_token_create(worker_id=worker.pk)
+        worker = worker_create(name=f"bench-hb-{tag}-{index}", actor="bench")
+        issued = enrollment_token_create(worker_id=worker.pk)
         key = Ed25519PrivateKey.generate()
         enrolled = Client(server_url).post(
             wire.ENROLL, {"token": issued.token, "publicKey": public_key_text(key.public_key())}, signed=False
@@ -322,7 +324,7 @@ def main() -> int:
         "QINGLONG_LOG_LEVEL": "WARNING",
     }
     configure_django(env)
-    from qinglong.conf import protocol
+    from core.conf import protocol
 
     timings = protocol()
     port = args.port or free_port()

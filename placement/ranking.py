@@ -19,7 +19,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from qinglong.conf import protocol
+from core.conf import protocol
 
 from .matching import match
 from .selectors import LiveWorker, Rank, live_workers, rank_key

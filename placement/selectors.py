@@ -24,7 +24,8 @@ from typing import Any
 
 from django.db.models import Count, Q
 
-from qinglong.errors import DomainError
+from core.errors import DomainError
+from runs.models import Run
 from workers.models import SessionState, WorkerSession, WorkerState
 
 from .matching import CAPACITY, SUMMARY_CATEGORIES, match
@@ -119,7 +120,7 @@ class CandidatePage:
 def live_workers(*, now: datetime, limit: int = MAX_LIVE_WORKERS) -> list[LiveWorker]:
     """Live workers (see module doc) with their active lease counts, by worker id.
 
-    ``now``: the database clock (``qinglong.db.db_now``), compared with session lease expiry.
+    ``now``: the database clock (``core.db.db_now``), compared with session lease expiry.
     ``limit``: at most this many (default 1,024). One query; reads only.
     ADR-0012 §3, §4.
     """
@@ -186,8 +187,6 @@ def run_candidates(*, run_id: uuid.UUID, now: datetime, after: Rank | None = Non
     A candidate list is not a claim (ADR-0012 §3): the run goes to whichever candidate claims it.
     Raises ``run_not_found``.
     """
-    from runs.models import Run
-
     pinned = (
         Run.objects.filter(pk=run_id).values_list("revision__placement_sha256", "revision__placement").first()
     )

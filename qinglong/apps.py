@@ -6,4 +6,5 @@ class QinglongConfig(AppConfig):
     verbose_name = "QingLong control plane"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the profile checks)
+        # Django requires checks to register once the app registry is ready, not at import.
+        from . import checks  # noqa: F401, PLC0415

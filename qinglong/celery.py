@@ -3,7 +3,7 @@
 In the cluster-control profile Celery beat runs ``qinglong.tasks.sweep_cycle`` on the Redis
 broker (``CELERY_BROKER_URL``); the standalone profile needs no broker (``manage.py serve`` runs
 the same cycle in-process). Run both in one process with ``celery -A qinglong worker --beat``;
-the cycle is safe to run on several replicas at once (``qinglong.sweeps``).
+the cycle is safe to run on several replicas at once (``actions.sweeps``).
 """
 
 import os

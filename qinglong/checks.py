@@ -13,6 +13,8 @@ import math
 from django.conf import settings
 from django.core import checks
 
+from core.conf import protocol
+
 
 @checks.register(checks.Tags.database, deploy=False)
 def check_profile_storage(app_configs, **kwargs):
@@ -55,8 +57,6 @@ def check_session_timings(app_configs, **kwargs):
     runs: ``interval × (1 + jitter) + HEARTBEAT_SAFETY_SECONDS ≤ TTL / 2``. Otherwise a healthy
     worker's session would lapse between two on-time heartbeats and be fenced.
     """
-    from .conf import protocol
-
     timings = protocol()
     errors = []
     interval, jitter, ttl = (

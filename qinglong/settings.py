@@ -69,12 +69,13 @@ INSTALLED_APPS = [
     "runs",
     "placement",
     "leases",
+    "console",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "qinglong.api.middleware.BodyLimitMiddleware",
+    "api.middleware.BodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -110,7 +111,7 @@ _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # One writer at a time: every transaction.atomic() begins IMMEDIATE, so a read-check-write
     # inside it cannot interleave with another writer; `timeout` is SQLite's busy timeout
-    # (seconds) and qinglong.db.retry_on_busy adds a bounded, jittered retry above it.
+    # (seconds) and core.db.retry_on_busy adds a bounded, jittered retry above it.
     _db.setdefault("OPTIONS", {}).update(
         {
             "transaction_mode": "IMMEDIATE",
@@ -125,7 +126,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 elif _db["ENGINE"] in ("django.db.backends.postgresql",):
     _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
     # A claim or transition blocked behind a held row lock waits this long, then fails with the
-    # `lock_timeout` code (qinglong.db.write_path) instead of hanging a worker request.
+    # `lock_timeout` code (core.db.write_path) instead of hanging a worker request.
     _db["OPTIONS"]["options"] = f"-c lock_timeout={env.int('QINGLONG_PG_LOCK_TIMEOUT_MS', default=5000)}"
     _db["CONN_MAX_AGE"] = env.int("QINGLONG_DB_CONN_MAX_AGE", default=60)
     _db["CONN_HEALTH_CHECKS"] = True
@@ -151,7 +152,7 @@ else:
         }
     }
 # When this process started (unix seconds). The standalone profile's nonce store lives in process
-# memory and knows nothing older; workers.auth refuses requests signed before it (retryable 503).
+# memory and knows nothing older; api.auth refuses requests signed before it (retryable 503).
 QINGLONG_PROCESS_STARTED = int(time.time())
 RATELIMIT_USE_CACHE = "default"
 RATELIMIT_VIEW = None
@@ -199,14 +200,14 @@ WHITENOISE_AUTOREFRESH = DEBUG
 
 # --- REST framework ------------------------------------------------------------------------------
 REST_FRAMEWORK = {
-    "DEFAULT_PARSER_CLASSES": ["qinglong.api.parsers.StrictJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # Nothing is open by default: every view names its authentication and permission.
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     "UNAUTHENTICATED_USER": None,
-    "EXCEPTION_HANDLER": "qinglong.api.exceptions.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "qinglong.api.schema.AutoSchema",
+    "EXCEPTION_HANDLER": "api.exceptions.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "api.schema.AutoSchema",
     "DEFAULT_THROTTLE_CLASSES": [],
 }
 SPECTACULAR_SETTINGS = {
@@ -223,7 +224,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {},
 }
 
-# --- protocol timings and limits (qinglong.conf reads these; units in the names) ----------------
+# --- protocol timings and limits (core.conf reads these; units in the names) ----------------
 _profile_defaults = {
     "standalone": {"session_ttl": 30, "heartbeat": 10, "run_lease_ttl": 30, "dispatch_timeout": 30},
     "cluster-control": {"session_ttl": 45, "heartbeat": 15, "run_lease_ttl": 60, "dispatch_timeout": 60},
@@ -269,7 +270,7 @@ LOGGING = {
         "django.request": {"level": "ERROR"},
         "waitress": {"level": "WARNING"},
         # Django logs a foreign Host header at ERROR with a traceback; anyone could flood that.
-        # The 400 answer logs one warning line instead (qinglong.api.exceptions.bad_request).
+        # The 400 answer logs one warning line instead (api.exceptions.bad_request).
         "django.security.DisallowedHost": {"handlers": [], "propagate": False},
     },
 }

@@ -4,10 +4,10 @@ from dataclasses import asdict
 
 from celery import shared_task
 
-from .sweeps import run_cycle
+from actions.sweeps import run_cycle
 
 
 @shared_task(name="qinglong.tasks.sweep_cycle", ignore_result=True)
 def sweep_cycle() -> dict:
-    """One dispatch/sweep cycle (see qinglong.sweeps.run_cycle)."""
+    """One dispatch/sweep cycle (see actions.sweeps.run_cycle)."""
     return asdict(run_cycle())

@@ -9,12 +9,12 @@ from drf_spectacular.views import SpectacularAPIView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("api/v1/worker/", include("workers.api.urls")),
-    path("api/v1/worker/", include("leases.api.urls")),
-    path("api/v1/ops/", include("runs.api.urls")),
-    path("api/v1/ops/", include("placement.api.urls")),
+    path("api/v1/worker/", include("api.workers.urls")),
+    path("api/v1/worker/", include("api.leases.urls")),
+    path("api/v1/ops/", include("api.runs.urls")),
+    path("api/v1/ops/", include("api.placement.urls")),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
 ]
 
-handler400 = "qinglong.api.exceptions.bad_request"
-handler404 = "qinglong.api.exceptions.not_found"
+handler400 = "api.exceptions.bad_request"
+handler404 = "api.exceptions.not_found"

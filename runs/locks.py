@@ -13,7 +13,7 @@ from functools import reduce
 
 from django.db.models import Q
 
-from qinglong.errors import DomainError
+from core.errors import DomainError
 
 from .models import Run, RunAttempt
 

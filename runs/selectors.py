@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db import connection
 from django.db.models import Q, QuerySet
 
-from qinglong.errors import DomainError
+from core.errors import DomainError
 
 from .models import RunAttempt, Task, TaskRevision
 from .states import AttemptState
@@ -98,8 +99,6 @@ def waiting_placement_classes(*, start: str = "", limit: int | None = None) -> l
     waiting attempts. ``start`` (a hex prefix) rotates which classes come first when there are
     more than ``limit`` — callers pass a random one so that every class is reached in turn.
     """
-    from django.db import connection
-
     limit = MAX_PLACEMENT_CLASSES if limit is None else limit
     sql = _CLASSES_SQL.format(table=connection.ops.quote_name(RunAttempt._meta.db_table))
     found: list[str] = []

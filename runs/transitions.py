@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import F
 
 from audit.recorder import record
-from qinglong.errors import DomainError
+from core.errors import DomainError
 
 from .models import Run, RunAttempt
 from .states import ATTEMPT_TRANSITIONS, RUN_TRANSITIONS, RunState

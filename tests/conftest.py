@@ -63,7 +63,7 @@ def _long_running_server(monkeypatch):
     signatures from its first SIGNATURE_FUTURE_SKEW_SECONDS (a replay it cannot rule out), so tests
     run as if the server had been up for an hour. The refusal itself is tested explicitly
     (tests/workers/test_auth_signatures.py, tests/workers/test_auth_replay_store.py)."""
-    from workers import auth
+    from api import auth
 
     monkeypatch.setattr(auth, "PROCESS_STARTED", auth.PROCESS_STARTED - 3600)
 

@@ -10,12 +10,15 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from actions.enrollment import enrollment_token_create, worker_create, worker_enroll
+from actions.runs import run_enqueue
+from actions.sessions.registration import session_register
+from actions.tasks import task_create
 from protocol import capabilities as caps
 from protocol import strictjson
 from protocol.ids import uuid7
 from protocol.signing import public_key_text, sign_request
-from runs import services as run_services
-from workers import services as worker_services
+from runs.revisions import RevisionSpec
 
 BASE_SNAPSHOT: dict[str, Any] = {
     "arch": "x86_64",
@@ -47,10 +50,10 @@ class Enrolled:
 
 def enrolled_worker(name: str | None = None) -> Enrolled:
     name = name or f"w-{secrets.token_hex(4)}"
-    worker = worker_services.worker_create(name=name)
-    issued = worker_services.enrollment_token_create(worker_id=worker.pk)
+    worker = worker_create(name=name)
+    issued = enrollment_token_create(worker_id=worker.pk)
     key = Ed25519PrivateKey.generate()
-    credential = worker_services.worker_enroll(token=issued.token, public_key=public_key_text(key.public_key()))
+    credential = worker_enroll(token=issued.token, public_key=public_key_text(key.public_key()))
     return Enrolled(worker.pk, name, credential.pk, key)
 
 
@@ -67,7 +70,7 @@ class Session:
 
 def register(worker: Enrolled, *, session_id: uuid.UUID | None = None, max_concurrent: int = 2,
              slots: int | None = None, snap: caps.CapabilitySnapshot | None = None) -> Session:
-    view = worker_services.session_register(
+    view = session_register(
         worker_id=worker.worker_id,
         session_id=session_id or uuid7(),
         capabilities=snap or snapshot(),
@@ -81,15 +84,15 @@ def register(worker: Enrolled, *, session_id: uuid.UUID | None = None, max_concu
 
 def make_revision(name: str | None = None, *, command: str = "true", executor: str = "shell",
                   timeout_seconds: int = 30, placement: dict | None = None, **policy: Any):
-    return run_services.task_create(
+    return task_create(
         name=name or f"t-{secrets.token_hex(4)}",
-        spec=run_services.RevisionSpec(executor=executor, command=command, timeout_seconds=timeout_seconds,
+        spec=RevisionSpec(executor=executor, command=command, timeout_seconds=timeout_seconds,
                                        placement=placement, **policy),
     )
 
 
 def enqueue(revision, priority: int = 0):
-    return run_services.run_enqueue(revision_id=revision.pk, priority=priority)
+    return run_enqueue(revision_id=revision.pk, priority=priority)
 
 
 @dataclass

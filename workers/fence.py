@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import enum
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 
-from qinglong.errors import DomainError
+from core.db import db_now
+from core.errors import DomainError
 
+from .locks import lock_worker
 from .models import SessionState, Worker, WorkerSession, WorkerState
 
 
@@ -101,7 +104,7 @@ def fence_session(
     Arguments: ``worker`` the (locked, for write paths) worker row; ``generation`` ≥ 1;
     ``expected_version`` the session version the caller last saw, ``None`` only for calls that
     do not change session state (claim and lease calls, registration replays); ``now`` the
-    database clock (``qinglong.db.db_now``) read after the caller's locks. Writes nothing.
+    database clock (``core.db.db_now``) read after the caller's locks. Writes nothing.
 
     Raises ``DomainError``: see :func:`check_session` (ADR-0012 §2: "any field mismatch, an
     expired lease, or a worker already offline fails closed").
@@ -110,3 +113,36 @@ def fence_session(
     return check_session(
         worker, session, generation=generation, expected_version=expected_version, now=now, purpose=purpose
     )
+
+
+@dataclass(frozen=True)
+class FencedSession:
+    """What a worker write path holds once it passed the session fence: the locked worker row,
+    its session, and the database clock read after the lock."""
+
+    worker: Worker
+    session: WorkerSession
+    now: datetime
+
+
+def lock_and_fence(
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    expected_version: int | None,
+    purpose: Purpose,
+) -> FencedSession:
+    """The opening of every fenced worker write path (ADR-0012 §2, §6; ``docs/sessions.md``).
+
+    Locks the worker row (``workers.locks.lock_worker``), reads the database clock *after* the
+    lock, then passes :func:`fence_session`. Call it inside the write path's one transaction.
+    Raises ``worker_not_found`` and every code of :func:`check_session`; writes nothing.
+    """
+    worker = lock_worker(worker_id)
+    now = db_now()
+    session = fence_session(
+        worker, session_id=session_id, generation=generation, expected_version=expected_version, now=now,
+        purpose=purpose,
+    )
+    return FencedSession(worker=worker, session=session, now=now)

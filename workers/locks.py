@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import uuid
 
-from qinglong.errors import DomainError
+from core.errors import DomainError
 
 from .models import Worker
 

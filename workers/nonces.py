@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 
-from qinglong.errors import DomainError
+from core.errors import DomainError
 
 
 class ProcessNonceStore:

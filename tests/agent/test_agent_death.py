@@ -9,19 +9,19 @@ import time
 
 import pytest
 
+from actions.enrollment import enrollment_token_create, worker_create
 from runs.models import Run, RunAttempt
 from tests.agent.processes import wait_for
 from tests.agent.test_cancel_running import agent, group_members
 from tests.helpers import enqueue, make_revision
-from workers import services as worker_services
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.mark.parametrize("command", ["sleep 300 & wait", "trap '' TERM; sleep 300 & wait"])
 def test_killing_the_agent_ends_its_jobs_process_group(live_server, tmp_path, command):
-    worker = worker_services.worker_create(name="mortal-worker")
-    issued = worker_services.enrollment_token_create(worker_id=worker.pk)
+    worker = worker_create(name="mortal-worker")
+    issued = enrollment_token_create(worker_id=worker.pk)
     state = tmp_path / "state"
     assert agent(state, "enroll", "--server", live_server.url, "--token", issued.token).wait(30) == 0
     run = enqueue(make_revision(command=command, timeout_seconds=600, max_attempts=2, lost_retry="idempotent"))
@@ -47,12 +47,12 @@ def test_killing_the_agent_ends_its_jobs_process_group(live_server, tmp_path, co
 def test_a_paused_agents_job_ends_before_its_lease_can_lapse(live_server, tmp_path, protocol_settings):
     """SIGSTOP the agent: it cannot renew, so its job's guard ends the job before the lease the
     control plane granted can lapse — the retry can never overlap it."""
+    from core.db import db_now
     from leases.models import RunDispatchLease
-    from qinglong.db import db_now
 
     protocol_settings(RUN_LEASE_SECONDS=8, SESSION_LEASE_SECONDS=120, HEARTBEAT_INTERVAL_SECONDS=30)
-    worker = worker_services.worker_create(name="paused-worker")
-    issued = worker_services.enrollment_token_create(worker_id=worker.pk)
+    worker = worker_create(name="paused-worker")
+    issued = enrollment_token_create(worker_id=worker.pk)
     state = tmp_path / "state"
     assert agent(state, "enroll", "--server", live_server.url, "--token", issued.token).wait(30) == 0
     run = enqueue(make_revision(command="sleep 300 & wait", timeout_seconds=600))

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from actions.enrollment import enrollment_token_create, worker_create
 from protocol import wire
-from tests.agent.processes import wait_for
 from runs.models import Run
+from tests.agent.processes import wait_for
 from tests.helpers import SignedClient, enqueue, make_revision
-from workers import services as worker_services
 from workers.models import WorkerSession
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -31,8 +31,8 @@ def agent(state: Path, *args: str, **popen) -> subprocess.Popen:
 
 @pytest.fixture
 def enrolled_agent(live_server, tmp_path):
-    worker = worker_services.worker_create(name="e2e-worker")
-    issued = worker_services.enrollment_token_create(worker_id=worker.pk)
+    worker = worker_create(name="e2e-worker")
+    issued = enrollment_token_create(worker_id=worker.pk)
     state = tmp_path / "state"
     done = agent(state, "enroll", "--server", live_server.url, "--token", issued.token, "--worker", "e2e-worker")
     assert done.wait(30) == 0

@@ -25,10 +25,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from actions.credentials import credential_force_rotation
+from actions.enrollment import enrollment_token_create, worker_create
 from runs.models import Run, RunAttempt
 from tests.agent.processes import Agent, ControlPlane, manage, wait_for
 from tests.helpers import enqueue, make_revision
-from workers import services
 from workers.models import CredentialState, SessionState, Worker, WorkerCredential, WorkerSession
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -48,8 +49,8 @@ def plane(tmp_path):
 
 @pytest.fixture
 def agent(plane, tmp_path):
-    worker = services.worker_create(name=f"e2e-{os.getpid()}")
-    token = services.enrollment_token_create(worker_id=worker.pk).token
+    worker = worker_create(name=f"e2e-{os.getpid()}")
+    token = enrollment_token_create(worker_id=worker.pk).token
     process = Agent(tmp_path / "state", tmp_path)
     assert process.start("enroll", "--server", plane.url, "--token", token).wait(30) == 0, process.log()
     yield worker, process
@@ -111,7 +112,7 @@ def test_forced_rotation_is_carried_out_and_revocation_stops_the_agent_for_good(
     enrolled = json.loads(state.read_text())["credentialId"]
 
     # the operator forces a rotation (from this process: the server hears of it via the epoch file)
-    services.credential_force_rotation(worker_id=worker.pk, actor="alice")
+    credential_force_rotation(worker_id=worker.pk, actor="alice")
     rotated = wait_for(
         lambda: (
             json.loads(state.read_text())["credentialId"] != enrolled

@@ -15,13 +15,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from actions.enrollment import enrollment_token_create, worker_create
+from actions.runs import run_cancel
 from audit.models import Event
 from leases.models import RunDispatchLease
-from runs import services as run_services
 from runs.models import Run, RunAttempt
 from tests.agent.processes import wait_for
 from tests.helpers import enqueue, make_revision
-from workers import services as worker_services
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +66,8 @@ def test_cancel_during_running_kills_the_process_group_within_one_renew_interval
     protocol_settings(
         RUN_LEASE_SECONDS=RUN_LEASE_SECONDS, SESSION_LEASE_SECONDS=120, HEARTBEAT_INTERVAL_SECONDS=60
     )
-    worker = worker_services.worker_create(name="cancel-worker")
-    issued = worker_services.enrollment_token_create(worker_id=worker.pk)
+    worker = worker_create(name="cancel-worker")
+    issued = enrollment_token_create(worker_id=worker.pk)
     state = tmp_path / "state"
     enrolled = agent(
         state, "enroll", "--server", live_server.url, "--token", issued.token, "--worker", worker.name
@@ -100,7 +100,7 @@ def test_cancel_during_running_kills_the_process_group_within_one_renew_interval
             what="a renewal",
         )
 
-        result = run_services.run_cancel(run_id=run.pk, reason="stop it")
+        result = run_cancel(run_id=run.pk, reason="stop it")
         cancelled_at = time.monotonic()
         assert result.status == "requested"
         wait_for(

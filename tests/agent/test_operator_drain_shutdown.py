@@ -7,9 +7,10 @@ import signal
 
 import pytest
 
+from actions.enrollment import enrollment_token_create, worker_create
+from actions.workers import worker_drain
 from tests.agent.processes import wait_for
 from tests.agent.test_cancel_running import agent
-from workers import services as worker_services
 from workers.models import WorkerSession
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -17,15 +18,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def test_sigterm_right_after_an_operator_drain_still_ends_offline(live_server, tmp_path, protocol_settings):
     protocol_settings(HEARTBEAT_INTERVAL_SECONDS=20, SESSION_LEASE_SECONDS=60)  # no heartbeat in between
-    worker = worker_services.worker_create(name="drained-then-stopped")
-    issued = worker_services.enrollment_token_create(worker_id=worker.pk)
+    worker = worker_create(name="drained-then-stopped")
+    issued = enrollment_token_create(worker_id=worker.pk)
     state = tmp_path / "state"
     assert agent(state, "enroll", "--server", live_server.url, "--token", issued.token).wait(30) == 0
     process = agent(state, "run", "--poll-max", "1")
     try:
         session = wait_for(lambda: WorkerSession.objects.filter(worker=worker, state="online").first(),
                            what="the session")
-        worker_services.worker_drain(worker_id=worker.pk, actor="ops")  # version 0 -> 1 under the agent
+        worker_drain(worker_id=worker.pk, actor="ops")  # version 0 -> 1 under the agent
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
         session.refresh_from_db()

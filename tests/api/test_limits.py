@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from api import parsers
 from protocol import strictjson, wire
-from qinglong.api import parsers
 from tests.helpers import SignedClient, enrolled_worker, register
 
 pytestmark = pytest.mark.django_db
@@ -156,7 +156,7 @@ def test_a_host_outside_allowed_hosts_gets_the_json_error_naming_the_header(clie
     assert (answer.json()["code"], answer.json()["field"]) == ("host_not_allowed", "Host")
     # one warning line, no ERROR with a traceback that anyone could flood the log with
     assert [(r.name, r.levelno, r.exc_info) for r in reaching_the_log.records] == [
-        ("qinglong.api", logging.WARNING, None)
+        ("api", logging.WARNING, None)
     ]
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from qinglong.api.base import OperatorAPIView, WorkerAPIView
-from workers.api.views import EnrollView
-from workers.auth import WorkerSignatureAuthentication
+from api.auth import WorkerSignatureAuthentication
+from api.base import OperatorAPIView, WorkerAPIView
+from api.workers.views import EnrollView
 
 
 def routes(patterns=None, prefix: str = ""):

@@ -12,9 +12,9 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
+from core.errors import DomainError
 from leases.models import RunDispatchLease
 from protocol import wire
-from qinglong.errors import DomainError
 from runs.models import Run, RunAttempt
 from tests.concurrency.threads import LockHolder
 from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register

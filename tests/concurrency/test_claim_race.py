@@ -20,6 +20,9 @@ from collections import Counter, defaultdict
 import pytest
 from django.db import connections
 
+from actions.leases.activation import lease_running, lease_starting
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.leases.completion import Completion, lease_complete
 from leases.models import RunDispatchLease
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
@@ -34,9 +37,8 @@ MAX_CONCURRENT = 3
 
 def _replica(index: int, sessions: list[tuple], barrier, results) -> None:
     """One process: claim until it has 50 claims (its own connection, opened after the fork)."""
-    from leases import services
+    from core.errors import DomainError
     from protocol.ids import uuid7
-    from qinglong.errors import DomainError
 
     outcomes: Counter[str] = Counter()
     held: list[tuple[int, dict]] = []
@@ -54,8 +56,8 @@ def _replica(index: int, sessions: list[tuple], barrier, results) -> None:
                 "lease_token",
             )
         }
-        services.lease_starting(**fence, offer_id=lease["offer_id"], lease_version=0)
-        services.lease_running(
+        lease_starting(**fence, offer_id=lease["offer_id"], lease_version=0)
+        lease_running(
             **fence,
             offer_id=lease["offer_id"],
             lease_version=0,
@@ -63,7 +65,7 @@ def _replica(index: int, sessions: list[tuple], barrier, results) -> None:
             pgid=None,
             executor_handle=f"replica-{index}",
         )
-        services.lease_complete(**fence, completion=services.Completion(1, "succeeded", 0))
+        lease_complete(**fence, completion=Completion(1, "succeeded", 0))
         outcomes["finished"] += 1
 
     try:
@@ -75,11 +77,11 @@ def _replica(index: int, sessions: list[tuple], barrier, results) -> None:
             worker_id, session_id, generation = sessions[worker_index]
             offer_id, token = uuid7(), secrets.token_urlsafe(32)
             try:
-                offers = services.lease_claim(
+                offers = lease_claim(
                     worker_id=worker_id,
                     session_id=session_id,
                     generation=generation,
-                    offers=[services.OfferRequest(offer_id, token)],
+                    offers=[OfferRequest(offer_id, token)],
                 )
             except DomainError as exc:
                 outcomes[exc.code] += 1

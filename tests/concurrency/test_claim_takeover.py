@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from core.errors import DomainError
 from leases.models import RunDispatchLease
-from qinglong.errors import DomainError
 from runs.models import Run, RunAttempt
 from tests.concurrency.threads import race
 from tests.helpers import enqueue, enrolled_worker, make_revision, register

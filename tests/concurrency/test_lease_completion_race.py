@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from audit.models import Event
-from qinglong.errors import DomainError
+from core.errors import DomainError
 from runs.models import Run, RunAttempt
 from tests.concurrency.threads import race
 from tests.helpers import enqueue, enrolled_worker, make_revision, register

@@ -9,11 +9,11 @@ from collections import Counter
 import pytest
 from django.db import connection
 
+from actions.leases.expiry import sweep_expired_leases
+from actions.runs import sweep_due_retries
 from audit.models import Event
-from leases import services
 from leases.models import RunDispatchLease
-from qinglong.sweeps import run_cycle
-from runs import services as run_services
+from actions.sweeps import run_cycle
 from runs.models import Run, RunAttempt
 from tests.concurrency.threads import LockHolder, race
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
@@ -32,7 +32,7 @@ def test_three_sweepers_settle_each_lapsed_lease_exactly_once():
             start(lease)  # half started (→ lost, retry_wait), half not (→ back to the queue)
         expire_lease(lease.attempt_id)
 
-    results = race(*[services.sweep_expired_leases] * 3)
+    results = race(*[sweep_expired_leases] * 3)
 
     assert all(kind == "ok" for kind, _ in results), results
     assert sum(value for _, value in results) == 8
@@ -43,7 +43,7 @@ def test_three_sweepers_settle_each_lapsed_lease_exactly_once():
     assert states == {"retry_wait": 4, "dispatching": 4}
     assert Counter(RunAttempt.objects.values_list("state", flat=True)) == {"lost": 4, "claimed": 4}
     assert Event.objects.filter(kind="run.retry_wait").count() == 4
-    assert run_services.sweep_due_retries() == 0
+    assert sweep_due_retries() == 0
 
 
 @pytest.mark.postgres
@@ -70,5 +70,5 @@ def test_a_lease_whose_worker_stays_locked_is_left_for_the_next_cycle_and_the_re
     assert kind == "ok", report
     assert report.leases_settled == 1
     assert (stuck.lease().state, free.lease().state) == ("leased", "released")
-    assert services.sweep_expired_leases() == 1  # the next cycle settles it
+    assert sweep_expired_leases() == 1  # the next cycle settles it
     assert stuck.lease().release_reason == "lease_expired"

@@ -12,11 +12,11 @@ import pytest
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from leases import services as lease_services
+from actions.leases.claims import OfferRequest, lease_claim
+from core.db import db_now
 from leases.models import LeaseState, RunDispatchLease
 from placement.selectors import live_workers
-from qinglong.db import db_now
-from qinglong.sweeps import run_cycle
+from actions.sweeps import run_cycle
 from tests.helpers import OfferTicket, enqueue, make_revision
 from tests.placement.support import OperatorClient, live
 
@@ -35,9 +35,9 @@ def poll_at_once(workers) -> dict[str, list]:
         try:
             ticket = OfferTicket()
             barrier.wait(timeout=10)
-            offers = lease_services.lease_claim(
+            offers = lease_claim(
                 worker_id=worker.worker_id, session_id=session.session_id, generation=session.generation,
-                offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)],
+                offers=[OfferRequest(ticket.offer_id, ticket.token)],
             )
             results[worker.name] = [offer.lease.run_id for offer in offers]
         except Exception as exc:  # reported below, with the worker that hit it

@@ -22,15 +22,19 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from actions.enrollment import worker_create
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.sessions import registration
+from actions.sessions.heartbeat import session_heartbeat
+from actions.sessions.registration import session_register
+from actions.sessions.shutdown import session_drain, session_offline
 from audit.models import Event
-from leases import services as lease_services
+from core.db import db_now
+from core.errors import DomainError
 from leases.models import RunDispatchLease
 from protocol.ids import uuid7
-from qinglong.db import db_now
-from qinglong.errors import DomainError
 from runs.selectors import dispatch_queue_page
 from tests.helpers import OfferTicket, enqueue, make_revision, snapshot
-from workers import services
 from workers.models import WorkerSession
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("session-races")]
@@ -91,14 +95,14 @@ def run_rounds(
 
 
 def new_worker(name: str):
-    return services.worker_create(name=name)
+    return worker_create(name=name)
 
 
 SNAPSHOT = snapshot()
 
 
 def register(worker_id, session_id=None) -> tuple:
-    view = services.session_register(
+    view = session_register(
         worker_id=worker_id, session_id=session_id or uuid7(), capabilities=SNAPSHOT, max_concurrent_runs=2,
         available_slots=2, software_version="race/1", protocol_version=1,
     )
@@ -106,7 +110,7 @@ def register(worker_id, session_id=None) -> tuple:
 
 
 def heartbeat(worker_id, session_id, generation, version, slots=2):
-    view = services.session_heartbeat(worker_id=worker_id, session_id=session_id, generation=generation,
+    view = session_heartbeat(worker_id=worker_id, session_id=session_id, generation=generation,
                                       expected_version=version, available_slots=slots)
     return view.session.version
 
@@ -222,25 +226,25 @@ def test_drain_racing_offline_zeroes_capacity_before_offline_commits():
 
     def drain(round_no: int):
         pk, generation, version = state["session"]
-        return services.session_drain(worker_id=worker.pk, session_id=pk, generation=generation,
+        return session_drain(worker_id=worker.pk, session_id=pk, generation=generation,
                                       expected_version=version).session.version
 
     def offline(round_no: int):
         pk, generation, version = state["session"]
         try:
-            return services.session_offline(worker_id=worker.pk, session_id=pk, generation=generation,
+            return session_offline(worker_id=worker.pk, session_id=pk, generation=generation,
                                             expected_version=version).session.version
         except DomainError as exc:  # the agent adopts the current version once and asks again
             if exc.code != "session_version_conflict":
                 raise
-            return services.session_offline(worker_id=worker.pk, session_id=pk, generation=generation,
+            return session_offline(worker_id=worker.pk, session_id=pk, generation=generation,
                                             expected_version=exc.details["currentVersion"]).session.version
 
     def claim(round_no: int):
         pk, generation, _ = state["session"]
         ticket = OfferTicket()
-        return len(lease_services.lease_claim(worker_id=worker.pk, session_id=pk, generation=generation,
-                                              offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)]))
+        return len(lease_claim(worker_id=worker.pk, session_id=pk, generation=generation,
+                                              offers=[OfferRequest(ticket.offer_id, ticket.token)]))
 
     def check(round_no: int, results) -> None:
         (drained, _), (went_offline, offline_result), (claimed, claim_result) = results
@@ -296,8 +300,7 @@ def test_pg_same_session_id_inserted_concurrently_by_two_workers_is_a_conflict_n
     the re-run of its transaction answers ``session_replay_conflict`` — never a 500. (On SQLite
     the IMMEDIATE transactions serialise the two before the check, so this cannot happen there.)
     """
-    from workers.services import sessions as session_services
-
+    
     owner, intruder = new_worker("race-owner"), new_worker("race-intruder")
     owner_inserted, intruder_inserting = threading.Event(), threading.Event()
     real_create = WorkerSession.objects.create
@@ -307,7 +310,7 @@ def test_pg_same_session_id_inserted_concurrently_by_two_workers_is_a_conflict_n
             intruder_inserting.set()  # checked, and now inserting: this blocks on the owner's key
         return real_create(**fields)
 
-    real_record = session_services.record
+    real_record = registration.record
 
     def record(kind, **kwargs):
         written = real_record(kind, **kwargs)
@@ -316,8 +319,8 @@ def test_pg_same_session_id_inserted_concurrently_by_two_workers_is_a_conflict_n
             assert intruder_inserting.wait(BARRIER_TIMEOUT)  # commit only once the intruder looked
         return written
 
-    monkeypatch.setattr(session_services.WorkerSession.objects, "create", create)
-    monkeypatch.setattr(session_services, "record", record)
+    monkeypatch.setattr(registration.WorkerSession.objects, "create", create)
+    monkeypatch.setattr(registration, "record", record)
     ids: dict[int, Any] = {}
 
     def prepare(round_no: int) -> None:

@@ -10,9 +10,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from leases import services
+from actions.leases.activation import lease_running, lease_starting
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.leases.completion import Completion, CompletionResult, lease_complete
+from actions.leases.renewal import lease_release, lease_renew
+from core.db import db_now
+from leases.fence import AckResult
 from leases.models import RunDispatchLease
-from qinglong.db import db_now
 from runs.models import Run, RunAttempt
 from tests.helpers import OfferTicket, Session
 
@@ -50,11 +54,11 @@ class Held:
 
 def claim(session: Session, count: int = 1) -> list[Held]:
     tickets = [OfferTicket() for _ in range(count)]
-    offers = services.lease_claim(
+    offers = lease_claim(
         worker_id=session.worker.worker_id,
         session_id=session.session_id,
         generation=session.generation,
-        offers=[services.OfferRequest(t.offer_id, t.token) for t in tickets],
+        offers=[OfferRequest(t.offer_id, t.token) for t in tickets],
     )
     by_offer = {t.offer_id: t for t in tickets}
     return [
@@ -76,14 +80,14 @@ def claim_one(session: Session) -> Held:
     return held[0]
 
 
-def starting(held: Held) -> services.AckResult:
-    return services.lease_starting(
+def starting(held: Held) -> AckResult:
+    return lease_starting(
         **held.fence(), offer_id=held.ticket.offer_id, lease_version=held.lease_version
     )
 
 
-def running(held: Held, pid: int = 4242) -> services.AckResult:
-    return services.lease_running(
+def running(held: Held, pid: int = 4242) -> AckResult:
+    return lease_running(
         **held.fence(),
         offer_id=held.ticket.offer_id,
         lease_version=held.lease_version,
@@ -100,26 +104,26 @@ def start(held: Held, pid: int = 4242) -> Held:
     return held
 
 
-def renew(held: Held) -> services.AckResult:
-    result = services.lease_renew(**held.fence(), lease_version=held.lease_version)
+def renew(held: Held) -> AckResult:
+    result = lease_renew(**held.fence(), lease_version=held.lease_version)
     held.lease_version = result.lease.version
     return result
 
 
-def release(held: Held) -> services.AckResult:
-    return services.lease_release(**held.fence(), lease_version=held.lease_version)
+def release(held: Held) -> AckResult:
+    return lease_release(**held.fence(), lease_version=held.lease_version)
 
 
 def completion(
     outcome: str = "succeeded", exit_code: int | None = 0, sequence: int = 1, stdout: str = "ok\n"
-) -> services.Completion:
-    return services.Completion(sequence=sequence, outcome=outcome, exit_code=exit_code, stdout_tail=stdout)
+) -> Completion:
+    return Completion(sequence=sequence, outcome=outcome, exit_code=exit_code, stdout_tail=stdout)
 
 
 def complete(
     held: Held, outcome: str = "succeeded", exit_code: int | None = 0, sequence: int = 1, stdout: str = "ok\n"
-) -> services.CompletionResult:
-    return services.lease_complete(
+) -> CompletionResult:
+    return lease_complete(
         **held.fence(), completion=completion(outcome, exit_code, sequence, stdout)
     )
 

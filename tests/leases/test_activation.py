@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from actions.leases.activation import lease_start_failed, lease_starting
+from actions.leases.expiry import sweep_expired_leases
+from actions.leases.renewal import lease_renew
+from actions.runs import run_cancel
 from audit.models import Event
-from leases import services
+from core.errors import DomainError
 from leases.models import RunDispatchLease
 from protocol.ids import uuid7
-from qinglong.errors import DomainError
-from runs import services as run_services
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, expire_lease, release, renew, running, start, starting
@@ -84,10 +86,10 @@ def test_an_ack_with_a_stale_lease_version_or_another_offer_id_is_refused(held):
     held, _ = held
     before = rows()
     with pytest.raises(DomainError) as stale:
-        services.lease_starting(**held.fence(), offer_id=held.ticket.offer_id, lease_version=1)
+        lease_starting(**held.fence(), offer_id=held.ticket.offer_id, lease_version=1)
     assert (stale.value.code, stale.value.details) == ("lease_version_conflict", {"currentVersion": 0})
     with pytest.raises(DomainError) as other:
-        services.lease_starting(**held.fence(), offer_id=uuid7(), lease_version=0)
+        lease_starting(**held.fence(), offer_id=uuid7(), lease_version=0)
     assert (other.value.code, other.value.field) == ("lease_offer_conflict", "offerId")
     assert rows() == before
 
@@ -98,7 +100,7 @@ def test_dispatch_timeout_returns_the_attempt_to_the_queue_without_consuming_a_t
     with pytest.raises(DomainError) as late:  # before any sweep: the lease already lapsed
         starting(held)
     assert late.value.code == "lease_expired"
-    assert services.sweep_expired_leases() == 1
+    assert sweep_expired_leases() == 1
     lease = held.lease()
     assert (lease.state, lease.release_reason) == ("released", "dispatch_timeout")
     attempt = held.attempt()
@@ -120,7 +122,7 @@ def test_dispatch_timeout_returns_the_attempt_to_the_queue_without_consuming_a_t
 def test_start_failure_ends_the_attempt_and_retries_per_policy_and_replays_exactly(held):
     held, run = held
     starting(held)
-    answer = services.lease_start_failed(
+    answer = lease_start_failed(
         **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="executor_start_failed"
     )
     assert answer.status == "start_failed"
@@ -129,12 +131,12 @@ def test_start_failure_ends_the_attempt_and_retries_per_policy_and_replays_exact
     assert held.attempt().state == "failed" and held.attempt().outcome_reason == "executor_start_failed"
     assert Run.objects.get(pk=run.pk).state == "retry_wait"
     before = rows()
-    again = services.lease_start_failed(
+    again = lease_start_failed(
         **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="executor_start_failed"
     )
     assert again.status == "start_failed"
     with pytest.raises(DomainError) as other:
-        services.lease_start_failed(
+        lease_start_failed(
             **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="timed_out"
         )
     assert other.value.code == "lease_completed"
@@ -146,14 +148,14 @@ def test_a_cancelled_start_failure_needs_a_cancel_request(held):
     starting(held)
     before = rows()
     with pytest.raises(DomainError) as refused:
-        services.lease_start_failed(
+        lease_start_failed(
             **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled"
         )
     assert (refused.value.code, refused.value.field) == ("cancel_not_requested", "reason")
     assert rows() == before
-    run_services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     assert starting(held).cancel_requested is True
-    services.lease_start_failed(
+    lease_start_failed(
         **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled"
     )
     run.refresh_from_db()
@@ -164,7 +166,7 @@ def test_start_failure_after_running_is_refused(held):
     held, _ = held
     start(held)
     with pytest.raises(DomainError) as refused:
-        services.lease_start_failed(
+        lease_start_failed(
             **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="executor_start_failed"
         )
     assert refused.value.code == "attempt_already_started"
@@ -179,7 +181,7 @@ def test_renew_is_a_cas_on_the_version_and_extends_by_the_database_clock(held):
     assert lease.version == 1 and held.attempt().lease_expires_at == lease.expires_at
     before = rows()
     with pytest.raises(DomainError) as stale:
-        services.lease_renew(**held.fence(), lease_version=0)
+        lease_renew(**held.fence(), lease_version=0)
     assert (stale.value.code, stale.value.details) == ("lease_version_conflict", {"currentVersion": 1})
     assert rows() == before
     assert renew(held).lease.version == 2
@@ -203,7 +205,7 @@ def test_renew_answers_a_cancellation_request(held):
     held, run = held
     start(held)
     assert renew(held).cancel_requested is False
-    run_services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     assert renew(held).cancel_requested is True
     assert Run.objects.get(pk=run.pk).state == "running"  # the worker stops it and completes cancelled
 
@@ -224,7 +226,7 @@ def test_release_hands_back_an_unstarted_attempt_and_a_started_one_cannot(held):
 
 def test_releasing_a_cancel_requested_attempt_cancels_it(held):
     held, run = held
-    run_services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     release(held)
     run.refresh_from_db()
     assert (run.state, held.attempt().state) == ("cancelled", "cancelled")

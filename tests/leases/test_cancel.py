@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 
-from leases import services
-from runs import services as run_services
+from actions.leases.activation import lease_start_failed
+from actions.leases.expiry import sweep_expired_leases
+from actions.runs import run_cancel
+from actions.sessions.heartbeat import session_heartbeat
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, complete, expire_lease, renew, start, starting
-from workers import services as worker_services
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +21,7 @@ RETRYING = dict(max_attempts=3, retry_on=("failed", "timed_out"), lost_retry="id
 
 
 def heartbeat_cancels(session) -> tuple:
-    view = worker_services.session_heartbeat(
+    view = session_heartbeat(
         worker_id=session.worker.worker_id,
         session_id=session.session_id,
         generation=session.generation,
@@ -35,11 +36,11 @@ def test_a_dispatched_attempt_learns_it_at_its_starting_ack_and_from_heartbeats(
     run = enqueue(make_revision(**RETRYING))
     held = claim_one(session)
     assert heartbeat_cancels(session) == ()
-    run_services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     assert Run.objects.get(pk=run.pk).state == "dispatching"  # a live lease: the worker must hear it
     assert heartbeat_cancels(session) == (held.attempt_id,)
     assert starting(held).cancel_requested is True
-    services.lease_start_failed(
+    lease_start_failed(
         **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled"
     )
     run.refresh_from_db()
@@ -52,7 +53,7 @@ def test_a_running_attempt_learns_it_from_renew_and_its_cancelled_completion_end
     session = register(enrolled_worker())
     run = enqueue(make_revision(**RETRYING))
     held = start(claim_one(session))
-    run_services.run_cancel(run_id=run.pk, reason="operator said so")
+    run_cancel(run_id=run.pk, reason="operator said so")
     assert renew(held).cancel_requested is True
     assert heartbeat_cancels(session) == (held.attempt_id,)
     complete(held, outcome="cancelled", exit_code=None)
@@ -69,9 +70,9 @@ def test_a_dispatched_attempt_whose_worker_vanished_is_cancelled_at_the_dispatch
     session = register(enrolled_worker())
     run = enqueue(make_revision(**RETRYING))
     held = claim_one(session)
-    run_services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     expire_lease(held.attempt_id)
-    assert services.sweep_expired_leases() == 1
+    assert sweep_expired_leases() == 1
     run.refresh_from_db()
     assert (run.state, held.attempt().state, held.lease().release_reason) == (
         "cancelled",
@@ -85,18 +86,18 @@ def test_cancelling_a_claimed_attempt_whose_lease_lapsed_unswept_cancels_it_at_o
     run = enqueue(make_revision(**RETRYING))
     held = claim_one(session)
     expire_lease(held.attempt_id)
-    run_services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     run.refresh_from_db()
     assert (run.state, held.attempt().state) == ("cancelled", "cancelled")
     assert (held.lease().state, held.lease().release_reason) == ("released", "cancelled")
-    assert services.sweep_expired_leases() == 0
+    assert sweep_expired_leases() == 0
 
 
 def test_a_worker_failure_after_the_cancel_still_ends_the_run_cancelled_without_retry():
     session = register(enrolled_worker())
     run = enqueue(make_revision(**RETRYING))
     held = start(claim_one(session))
-    run_services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     complete(held, outcome="timed_out", exit_code=None)
     run.refresh_from_db()
     assert run.state == "cancelled" and RunAttempt.objects.filter(run=run).count() == 1

@@ -5,28 +5,28 @@ from __future__ import annotations
 
 import pytest
 
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.runs import run_cancel
+from actions.workers import worker_drain
 from audit.models import Event
-from leases import services
+from core.db import db_now
+from core.errors import DomainError
 from leases.models import RunDispatchLease
 from protocol.ids import uuid7
-from qinglong.db import db_now
-from qinglong.errors import DomainError
-from runs import services as run_services
 from runs.models import Run, RunAttempt
 from runs.selectors import dispatch_queue_page
 from tests.helpers import OfferTicket, enqueue, enrolled_worker, make_revision, register, snapshot
 from tests.leases.flows import claim, claim_one, expire_lease, starting
-from workers import services as worker_services
 
 pytestmark = pytest.mark.django_db
 
 
-def offer(ticket: OfferTicket) -> services.OfferRequest:
-    return services.OfferRequest(ticket.offer_id, ticket.token)
+def offer(ticket: OfferTicket) -> OfferRequest:
+    return OfferRequest(ticket.offer_id, ticket.token)
 
 
 def claim_raw(session, *tickets: OfferTicket):
-    return services.lease_claim(
+    return lease_claim(
         worker_id=session.worker.worker_id,
         session_id=session.session_id,
         generation=session.generation,
@@ -197,7 +197,7 @@ def test_a_draining_session_claims_nothing_new_but_may_replay():
     enqueue(revision), enqueue(revision)
     ticket = OfferTicket()
     claim_raw(session, ticket)
-    worker_services.worker_drain(worker_id=worker.worker_id)
+    worker_drain(worker_id=worker.worker_id)
     with pytest.raises(DomainError) as refused:
         claim(session)
     assert refused.value.code == "session_draining"
@@ -210,7 +210,7 @@ def test_a_cancel_requested_run_is_no_candidate():
     revision = make_revision()
     first = enqueue(revision)
     held = claim_one(session)  # dispatched: the cancel waits for the worker to learn it
-    run_services.run_cancel(run_id=first.pk)
+    run_cancel(run_id=first.pk)
     expire_lease(held.attempt_id)  # its worker never ACKs
     enqueue(revision)
     [other] = claim(session)
@@ -262,12 +262,12 @@ def test_a_claim_of_an_unknown_worker_or_session_is_refused():
     session = register(enrolled_worker())
     enqueue(make_revision())
     with pytest.raises(DomainError) as unknown:
-        services.lease_claim(
+        lease_claim(
             worker_id=uuid7(), session_id=session.session_id, generation=1, offers=[offer(OfferTicket())]
         )
     assert unknown.value.code == "worker_not_found"
     with pytest.raises(DomainError) as other:
-        services.lease_claim(
+        lease_claim(
             worker_id=session.worker.worker_id,
             session_id=uuid7(),
             generation=1,

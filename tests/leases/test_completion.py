@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from actions.leases.completion import lease_complete
+from actions.runs import run_cancel
 from audit.models import Event
-from leases import services
+from core.errors import DomainError
 from leases.models import RunDispatchLease
-from qinglong.errors import DomainError
-from runs import services as run_services
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, complete, completion, start, starting
@@ -88,7 +88,7 @@ def test_a_retryable_outcome_waits_for_attempt_2():
 
 def test_a_cancel_request_wins_over_a_later_success_and_over_a_retry():
     held, run = running_attempt(max_attempts=3, retry_on=("failed",))
-    run_services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     complete(held, outcome="failed", exit_code=1)
     run.refresh_from_db()
     assert (run.state, run.error_class, run.exit_code) == ("cancelled", "cancelled_by_user", 1)
@@ -104,7 +104,7 @@ def test_a_cancelled_completion_needs_a_cancellation_request():
         complete(held, outcome="cancelled", exit_code=None)
     assert (refused.value.code, refused.value.status, refused.value.field) == ("cancel_not_requested", 409, "outcome")
     assert rows() == before
-    run_services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     complete(held, outcome="cancelled", exit_code=-15)
     run.refresh_from_db()
     assert (run.state, run.error_class) == ("cancelled", "cancelled_by_user")
@@ -134,6 +134,6 @@ def test_an_impossible_completion_is_refused_naming_the_field(changes, field):
     held, _ = running_attempt()
     before = rows()
     with pytest.raises(DomainError) as refused:
-        services.lease_complete(**held.fence(), completion=completion(**changes))
+        lease_complete(**held.fence(), completion=completion(**changes))
     assert (refused.value.code, refused.value.field) == ("validation_failed", field)
     assert rows() == before

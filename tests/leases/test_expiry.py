@@ -9,18 +9,20 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 
+from actions.leases import expiry as lease_expiry
+from actions.leases.expiry import lease_expire, sweep_expired_leases
+from actions.runs import run_cancel, sweep_due_retries
+from actions.sessions.shutdown import session_offline, session_operator_offline
+from actions.workers import worker_revoke
 from audit import recorder
 from audit.models import Event
-from leases import services
+from core.db import db_now
+from core.errors import DomainError
 from leases.models import RunDispatchLease
-from qinglong.db import db_now
-from qinglong.errors import DomainError
-from qinglong.sweeps import run_cycle
-from runs import services as run_services
+from actions.sweeps import run_cycle
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim, claim_one, complete, expire_lease, make_retry_due, renew, start
-from workers import services as worker_services
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -51,7 +53,7 @@ def count(run, *kinds) -> int:
 def lose(held) -> None:
     """The holder of ``held`` stops answering: its lease lapses and a sweep settles it."""
     expire_lease(held.attempt_id)
-    assert services.sweep_expired_leases() == 1
+    assert sweep_expired_leases() == 1
 
 
 def test_a_lost_attempt_waits_then_runs_again_as_attempt_2_on_a_fresh_lease():
@@ -71,9 +73,9 @@ def test_a_lost_attempt_waits_then_runs_again_as_attempt_2_on_a_fresh_lease():
     assert 10 <= (run.next_attempt_at - lease.ended_at).total_seconds() <= 20  # absolute, jittered
     kinds = list(Event.objects.filter(run_id=run.pk).order_by("id").values_list("kind", flat=True))
     assert kinds[-4:] == ["lease.released", "attempt.lost", "run.lost", "run.retry_wait"]
-    assert services.sweep_expired_leases() == 0 and run_services.sweep_due_retries() == 0  # not due
+    assert sweep_expired_leases() == 0 and sweep_due_retries() == 0  # not due
     make_retry_due(run.pk)
-    assert run_services.sweep_due_retries() == 1
+    assert sweep_due_retries() == 1
     second = claim_one(b)
     attempt = second.attempt()
     assert (attempt.number, second.lease_generation, attempt.worker_id, attempt.pid) == (
@@ -102,7 +104,7 @@ def test_two_lost_attempts_of_two_fail_the_run_with_nothing_leased_and_one_termi
     run = enqueue(make_revision(max_attempts=2, lost_retry="deduplicated"))
     lose(start(claim_one(a)))
     make_retry_due(run.pk)
-    assert run_services.sweep_due_retries() == 1
+    assert sweep_due_retries() == 1
     lose(start(claim_one(b)))
     run.refresh_from_db()
     assert (run.state, run.error_class, run.attempt_count) == ("failed", "worker_lost", 2)
@@ -121,7 +123,7 @@ def test_a_worker_paused_past_its_lease_cannot_renew_or_complete_and_the_retry_i
     stale = start(claim_one(paused))
     lose(stale)  # the process stopped (SIGSTOP, a VM pause) long enough for its lease to lapse
     make_retry_due(run.pk)
-    run_services.sweep_due_retries()
+    sweep_due_retries()
     retry = start(claim_one(other))
     before = rows()
     with pytest.raises(DomainError) as renewing:  # it wakes up and renews with its old token
@@ -146,7 +148,7 @@ def test_a_lost_attempt_of_a_cancel_requested_run_is_cancelled_and_never_retried
     session = register(enrolled_worker())
     run = enqueue(make_revision(max_attempts=3, lost_retry="idempotent"))
     held = start(claim_one(session))
-    run_services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     lose(held)
     run.refresh_from_db()
     attempt = held.attempt()
@@ -165,7 +167,7 @@ def sweep_with_injected_write(monkeypatch):
     """Run the real sweep, with ``write`` executed between its read and its per-lease write."""
 
     def run(write):
-        real = services.lease_expire
+        real = lease_expire
         observed = []
 
         def write_lands_first(*, lease_id, observed_version):
@@ -173,8 +175,8 @@ def sweep_with_injected_write(monkeypatch):
             write()
             return real(lease_id=lease_id, observed_version=observed_version)
 
-        monkeypatch.setattr(services, "lease_expire", write_lands_first)
-        settled = services.sweep_expired_leases()
+        monkeypatch.setattr(lease_expiry, "lease_expire", write_lands_first)
+        settled = sweep_expired_leases()
         assert observed, "the sweep did not read the lapsed lease"
         return settled
 
@@ -235,9 +237,9 @@ def test_the_expiry_sweep_works_in_bounded_batches(protocol_settings):
     for held in claim(session, 3):
         expire_lease(held.attempt_id)
     assert [
-        services.sweep_expired_leases(),
-        services.sweep_expired_leases(),
-        services.sweep_expired_leases(),
+        sweep_expired_leases(),
+        sweep_expired_leases(),
+        sweep_expired_leases(),
     ] == [2, 1, 0]
     assert set(RunDispatchLease.objects.values_list("release_reason", flat=True)) == {"dispatch_timeout"}
 
@@ -288,10 +290,10 @@ def test_a_replaced_session_settles_its_leases(two_leases):
 
 def test_a_revoked_worker_loses_its_started_attempt_which_is_retried_elsewhere(two_leases):
     worker, _, started, unstarted = two_leases
-    worker_services.worker_revoke(worker_id=worker.worker_id)
+    worker_revoke(worker_id=worker.worker_id)
     _assert_settled(started, unstarted, "worker_revoked")
     make_retry_due(started[1].pk)
-    run_services.sweep_due_retries()
+    sweep_due_retries()
     elsewhere = register(enrolled_worker(), max_concurrent=2)
     attempts = {h.attempt().run_id: h.attempt().number for h in claim(elsewhere, 2)}
     assert attempts == {started[1].pk: 2, unstarted[1].pk: 1}
@@ -300,14 +302,14 @@ def test_a_revoked_worker_loses_its_started_attempt_which_is_retried_elsewhere(t
 def test_a_forced_offline_session_settles_its_leases(two_leases):
     worker, session, started, unstarted = two_leases
     with pytest.raises(DomainError) as refused:
-        worker_services.session_offline(
+        session_offline(
             worker_id=worker.worker_id,
             session_id=session.session_id,
             generation=1,
             expected_version=session.version,
         )
     assert refused.value.code == "session_has_active_leases"
-    worker_services.session_operator_offline(worker_id=worker.worker_id, force=True, actor="operator")
+    session_operator_offline(worker_id=worker.worker_id, force=True, actor="operator")
     _assert_settled(started, unstarted, "session_offline")
 
 

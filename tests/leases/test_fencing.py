@@ -9,14 +9,15 @@ from datetime import timedelta
 
 import pytest
 
+from actions.sessions.shutdown import session_operator_offline
+from actions.workers import worker_revoke
 from audit.models import Event
+from core.db import db_now
 from leases.models import RunDispatchLease
 from protocol import wire
-from qinglong.db import db_now
 from runs.models import Run, RunAttempt
 from tests.helpers import SignedClient, enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, expire_lease, release, start
-from workers import services as worker_services
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -136,7 +137,7 @@ def fault_expired_session(world):
 
 def fault_offline_session(world):
     session = world["session"]
-    worker_services.session_operator_offline(worker_id=session.worker.worker_id, force=True, actor="operator")
+    session_operator_offline(worker_id=session.worker.worker_id, force=True, actor="operator")
     return world["api"], _args(world), {}.get, "session_offline"
 
 
@@ -172,7 +173,7 @@ def fault_lapsed_lease(world):
 
 
 def fault_revoked_worker(world):
-    worker_services.worker_revoke(worker_id=world["worker"].worker_id)
+    worker_revoke(worker_id=world["worker"].worker_id)
     return world["api"], _args(world), {}.get, "credential_revoked"
 
 

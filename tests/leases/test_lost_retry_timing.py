@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from actions.leases.expiry import sweep_expired_leases
+from actions.sessions.shutdown import session_operator_offline
+from actions.workers import worker_revoke
 from runs.models import Run
 from runs.outcomes import LOST_RETRY_MARGIN
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, start
-from workers import services as worker_services
 
 pytestmark = pytest.mark.django_db
 
@@ -25,9 +27,9 @@ def test_a_lost_attempts_retry_waits_for_its_lease_to_run_out(how, protocol_sett
     held = start(claim_one(session))
     expires_at = held.lease().expires_at
     if how == "revoke":
-        worker_services.worker_revoke(worker_id=worker.worker_id)
+        worker_revoke(worker_id=worker.worker_id)
     elif how == "force_offline":
-        worker_services.session_operator_offline(worker_id=worker.worker_id, force=True)
+        session_operator_offline(worker_id=worker.worker_id, force=True)
     else:
         register(worker)
     run.refresh_from_db()
@@ -41,7 +43,6 @@ def test_an_expired_lease_retries_after_the_backoff_alone():
     run = enqueue(make_revision(max_attempts=2, lost_retry="idempotent", retry_backoff_seconds=1,
                                 retry_backoff_max_seconds=1))
     held = start(claim_one(session))
-    from leases.services import sweep_expired_leases
     from tests.leases.flows import expire_lease
 
     expire_lease(held.attempt_id)

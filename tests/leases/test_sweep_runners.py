@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 
 from audit.models import Event
-from qinglong.sweeps import loop
+from actions.sweeps import loop
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, expire_lease, start
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from leases import services as lease_services
-from qinglong.sweeps import run_cycle
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.sweeps import run_cycle
 from tests.helpers import OfferTicket, enqueue, make_revision
 from tests.placement.support import live
 
@@ -25,8 +25,8 @@ def test_none_eligible_the_pending_run_shows_its_mismatch_summary_through_the_ap
     run = enqueue(make_revision(placement=PLACEMENT))
     for worker, session in polling:  # every live worker with a slot asks for work: none may take it
         ticket = OfferTicket()
-        assert lease_services.lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                          offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)]) == []
+        assert lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+                                          offers=[OfferRequest(ticket.offer_id, ticket.token)]) == []
     run_cycle()
     answer = ops.get(f"/api/v1/ops/runs/{run.pk}")
     assert answer.status_code == 200

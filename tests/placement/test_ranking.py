@@ -6,15 +6,15 @@ from datetime import timedelta
 
 import pytest
 
-from leases import services as lease_services
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.sessions.shutdown import session_drain
+from core.db import db_now
 from leases.models import RunDispatchLease
 from placement import spec
 from placement.ranking import ClaimRanking
-from qinglong.db import db_now
 from runs.models import RunAttempt
 from tests.helpers import OfferTicket, enqueue, make_revision
 from tests.placement.support import live
-from workers import services as worker_services
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -35,9 +35,9 @@ class Claimer:
 
 def claim(worker, session):
     ticket = OfferTicket()
-    return lease_services.lease_claim(worker_id=worker.worker_id, session_id=session.session_id,
+    return lease_claim(worker_id=worker.worker_id, session_id=session.session_id,
                                       generation=session.generation,
-                                      offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)])
+                                      offers=[OfferRequest(ticket.offer_id, ticket.token)])
 
 
 def test_a_worse_scored_claimer_defers_a_fresh_attempt_and_the_best_takes_it():
@@ -67,7 +67,7 @@ def test_a_better_worker_that_could_not_take_it_is_not_waited_for(how):
     else:
         gold, gold_session = live("gold", labels={"tier": "gold"})
         if how == "draining":
-            worker_services.session_drain(worker_id=gold.worker_id, session_id=gold_session.session_id,
+            session_drain(worker_id=gold.worker_id, session_id=gold_session.session_id,
                                           generation=1, expected_version=0)
         else:
             WorkerSession.objects.filter(pk=gold_session.session_id).update(lease_expires_at=db_now())

@@ -9,7 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from leases import services as lease_services
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.sessions.shutdown import session_drain, session_offline
+from actions.workers import worker_drain, worker_revoke
+from core.db import db_now
+from core.errors import DomainError
 from placement import spec
 from placement.selectors import (
     PAGE_SIZE,
@@ -23,11 +27,8 @@ from placement.selectors import (
     ranked_candidates,
 )
 from protocol import capabilities as caps
-from qinglong.db import db_now
-from qinglong.errors import DomainError
 from tests.helpers import BASE_SNAPSHOT, OfferTicket, enqueue, make_revision
 from tests.placement.support import live
-from workers import services as worker_services
 from workers.models import WorkerSession
 
 ANY = spec.normalise({}, executor="shell").document
@@ -42,20 +43,20 @@ def test_draining_offline_revoked_expired_and_full_workers_never_appear():
     busy, busy_session = live("busy", max_concurrent=1)  # full: its one slot holds an active lease
     run = enqueue(make_revision())
     ticket = OfferTicket()
-    taken = lease_services.lease_claim(worker_id=busy.worker_id, session_id=busy_session.session_id, generation=1,
-                                       offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)])
+    taken = lease_claim(worker_id=busy.worker_id, session_id=busy_session.session_id, generation=1,
+                                       offers=[OfferRequest(ticket.offer_id, ticket.token)])
     assert [offer.lease.run_id for offer in taken] == [run.pk]
     healthy, _ = live("healthy")
     drained, drained_session = live("session-drained")
-    worker_services.session_drain(worker_id=drained.worker_id, session_id=drained_session.session_id,
+    session_drain(worker_id=drained.worker_id, session_id=drained_session.session_id,
                                   generation=1, expected_version=0)
     operator_drained, _ = live("operator-drained")
-    worker_services.worker_drain(worker_id=operator_drained.worker_id)
+    worker_drain(worker_id=operator_drained.worker_id)
     offline, offline_session = live("offline")
-    worker_services.session_offline(worker_id=offline.worker_id, session_id=offline_session.session_id,
+    session_offline(worker_id=offline.worker_id, session_id=offline_session.session_id,
                                     generation=1, expected_version=0)
     revoked, _ = live("revoked")
-    worker_services.worker_revoke(worker_id=revoked.worker_id)
+    worker_revoke(worker_id=revoked.worker_id)
     expired, expired_session = live("lease-expired")
     WorkerSession.objects.filter(pk=expired_session.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
     no_slots, _ = live("no-slots", slots=0)

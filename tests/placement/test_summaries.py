@@ -7,18 +7,18 @@ import logging
 
 import pytest
 
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.placement import SummaryChange, placement_summaries_store, refresh_placement_summaries
+from actions.runs import run_cancel
+from actions.sessions.heartbeat import session_heartbeat
 from audit.models import Event
-from leases import services as lease_services
-from placement import services
+from core.db import db_now
 from placement.matching import SUMMARY_CATEGORIES
 from placement.selectors import describe_summary
-from qinglong.db import db_now
-from qinglong.sweeps import run_cycle
-from runs import services as run_services
+from actions.sweeps import run_cycle
 from runs.models import Run
 from tests.helpers import OfferTicket, enqueue, make_revision
 from tests.placement.support import live
-from workers import services as worker_services
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +48,7 @@ def test_a_run_nobody_can_take_carries_category_counts_and_they_follow_the_fleet
     full = fleet()
     run = enqueue(make_revision(placement=PLACEMENT))
     caplog.set_level(logging.INFO)
-    assert services.refresh_placement_summaries() == 1
+    assert refresh_placement_summaries() == 1
     assert summary_of(run) == {"arch": 3, "runtime": 1, "capacity": 2}
     assert Run.objects.get(pk=run.pk).state == "queued"
     events = list(Event.objects.filter(kind="run.placement_pending", run_id=run.pk))
@@ -57,21 +57,21 @@ def test_a_run_nobody_can_take_carries_category_counts_and_they_follow_the_fleet
 
     # A steady backlog costs reads, not writes.
     before = (Event.objects.count(), Run.objects.get(pk=run.pk).placement_checked_at)
-    assert services.refresh_placement_summaries() == 0
+    assert refresh_placement_summaries() == 0
     assert (Event.objects.count(), Run.objects.get(pk=run.pk).placement_checked_at) == before
 
     # One full worker frees a slot: a live worker could take it now, so nothing is left to explain.
     worker, session = full[0]
-    worker_services.session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+    session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
                                       expected_version=session.version, available_slots=1)
-    assert services.refresh_placement_summaries() == 1
+    assert refresh_placement_summaries() == 1
     assert summary_of(run) is None
     assert Event.objects.filter(kind="run.placement_pending").count() == 1
 
 
 def test_no_live_worker_at_all_is_an_empty_summary():
     run = enqueue(make_revision(placement=PLACEMENT))
-    assert services.refresh_placement_summaries() == 1
+    assert refresh_placement_summaries() == 1
     assert summary_of(run) == {}
     assert Event.objects.get(kind="run.placement_pending").data == {"summary": {}}
 
@@ -84,8 +84,8 @@ def test_events_and_logs_hold_categories_only_never_labels_or_values(caplog):
     waiting = enqueue(make_revision(placement={"required": {"labels": {"vault": "other-" + SECRET}}}))
     run_cycle()
     ticket = OfferTicket()
-    offers = lease_services.lease_claim(worker_id=taker.worker_id, session_id=taker_session.session_id, generation=1,
-                                        offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)])
+    offers = lease_claim(worker_id=taker.worker_id, session_id=taker_session.session_id, generation=1,
+                                        offers=[OfferRequest(ticket.offer_id, ticket.token)])
     assert [offer.lease.run_id for offer in offers] == [run.pk]
     run_cycle()
     assert summary_of(waiting) == {"labels": 7}
@@ -101,40 +101,40 @@ def test_a_run_claimed_between_the_read_and_the_write_keeps_no_summary():
     worker, session = live("only")
     run = enqueue(make_revision(placement={"required": {"labels": {"zone": "eu-1"}}}))
     now = db_now()
-    stale = services.SummaryChange(run_id=run.pk, before=None, before_checked_at=None, after={"labels": 1})
+    stale = SummaryChange(run_id=run.pk, before=None, before_checked_at=None, after={"labels": 1})
     ticket = OfferTicket()
-    lease_services.lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                               offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)])
-    assert services.placement_summaries_store(changes=[stale], checked_at=now) == 0
+    lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+                               offers=[OfferRequest(ticket.offer_id, ticket.token)])
+    assert placement_summaries_store(changes=[stale], checked_at=now) == 0
     assert summary_of(run) is None
 
 
 def test_a_summary_written_by_another_cycle_in_between_is_not_overwritten():
     run = enqueue(make_revision(placement=PLACEMENT))
-    services.refresh_placement_summaries()
+    refresh_placement_summaries()
     assert summary_of(run) == {}
-    late = services.SummaryChange(run_id=run.pk, before=None, before_checked_at=None, after={"arch": 9})
-    assert services.placement_summaries_store(changes=[late], checked_at=db_now()) == 0
+    late = SummaryChange(run_id=run.pk, before=None, before_checked_at=None, after={"arch": 9})
+    assert placement_summaries_store(changes=[late], checked_at=db_now()) == 0
     assert summary_of(run) == {}
 
 
 def test_cancelled_runs_are_left_alone():
     run = enqueue(make_revision(placement=PLACEMENT))
-    run_services.run_cancel(run_id=run.pk)
-    assert services.refresh_placement_summaries() == 0
+    run_cancel(run_id=run.pk)
+    assert refresh_placement_summaries() == 0
     assert summary_of(run) is None
 
 
 def test_a_long_backlog_is_covered_in_turn_across_cycles():
     runs = [enqueue(make_revision(placement={"required": {"labels": {"rack": f"r{i}"}}})) for i in range(5)]
     live("somebody")
-    assert services.refresh_placement_summaries(batch=2) == 2
+    assert refresh_placement_summaries(batch=2) == 2
     assert [summary_of(r) for r in runs] == [{"labels": 1}, {"labels": 1}, None, None, None]
-    assert services.refresh_placement_summaries(batch=2) == 2
-    assert services.refresh_placement_summaries(batch=2) == 1
+    assert refresh_placement_summaries(batch=2) == 2
+    assert refresh_placement_summaries(batch=2) == 1
     assert all(summary_of(r) == {"labels": 1} for r in runs)
     # The window wrapped around to the head: nothing changed, nothing written.
-    assert services.refresh_placement_summaries(batch=2) == 0
+    assert refresh_placement_summaries(batch=2) == 0
 
 
 def test_a_stored_summary_reads_in_the_fixed_category_order_on_either_database():
@@ -143,7 +143,7 @@ def test_a_stored_summary_reads_in_the_fixed_category_order_on_either_database()
     live("old-python")
     live("no-rack", runtimes=new_python)
     live("full", runtimes=new_python, slots=0, labels={"rack": "r9"})
-    services.refresh_placement_summaries()
+    refresh_placement_summaries()
     stored = Run.objects.get(pk=run.pk).placement_summary  # jsonb orders keys by length: labels, runtime, …
     assert stored == {"runtime": 1, "labels": 1, "capacity": 1}
     assert describe_summary(stored) == "runtime: 1, labels: 1, capacity: 1"

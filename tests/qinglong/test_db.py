@@ -19,14 +19,17 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-import qinglong.db
+import core.db
+from actions.sessions.expiry import session_expire
+from actions.sessions.heartbeat import session_heartbeat
+from actions.sessions.registration import session_register
+from actions.sessions.shutdown import session_drain, session_offline, session_operator_offline
+from core.db import UniqueRace, db_now, write_path
+from core.errors import DomainError
 from protocol import wire
 from protocol.ids import uuid7
-from qinglong.db import UniqueRace, db_now, write_path
-from qinglong.errors import DomainError
 from tests.helpers import SignedClient, enrolled_worker, register, snapshot
 from tests.workers.test_sessions_matrix import snapshot_rows
-from workers import services
 from workers.models import Worker, WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -38,13 +41,13 @@ real_transactions = pytest.mark.django_db(transaction=True)
 def retries(monkeypatch):
     """Count the retries ``write_path`` makes (its ``_before_retry`` hook), still logging them."""
     seen: list[int] = []
-    real = qinglong.db._before_retry
+    real = core.db._before_retry
 
     def counting(state, service):
         seen.append(state.attempt_number)
         real(state, service)
 
-    monkeypatch.setattr(qinglong.db, "_before_retry", counting)
+    monkeypatch.setattr(core.db, "_before_retry", counting)
     return seen
 
 
@@ -127,7 +130,7 @@ def test_sqlite_write_succeeds_when_the_lock_is_let_go_during_the_retries(
 ):
     protocol_settings(SQLITE_BUSY_RETRIES=4)
     worker = enrolled_worker()
-    real = qinglong.db._before_retry
+    real = core.db._before_retry
     waits = []
 
     def release_on_first_retry(state, service):
@@ -135,7 +138,7 @@ def test_sqlite_write_succeeds_when_the_lock_is_let_go_during_the_retries(
         real(state, service)
         write_lock_holder.release()
 
-    monkeypatch.setattr(qinglong.db, "_before_retry", release_on_first_retry)
+    monkeypatch.setattr(core.db, "_before_retry", release_on_first_retry)
     write_lock_holder.take()
     session = register(worker)
     assert waits == [1] and session.generation == 1
@@ -284,9 +287,9 @@ def test_pg_lock_wait_past_lock_timeout_is_a_503_lock_timeout_without_retry(work
     try:
         for call in (
             lambda: register(session.worker),
-            lambda: services.session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
+            lambda: session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
                                            generation=1, expected_version=0),
-            lambda: services.session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
+            lambda: session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
                                                generation=1, expected_version=0, available_slots=1),
         ):
             with pytest.raises(DomainError) as refused:
@@ -357,15 +360,15 @@ def test_every_session_write_path_locks_the_worker_before_reading_the_session(ca
     if call == "expire":
         WorkerSession.objects.filter(pk=session.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
     actions = {
-        "register": lambda: services.session_register(
+        "register": lambda: session_register(
             worker_id=fresh.worker_id, session_id=uuid7(), capabilities=snapshot(),
             max_concurrent_runs=1, available_slots=1, software_version="t/1", protocol_version=1),
         "replace": lambda: register(worker),
-        "heartbeat-write": lambda: services.session_heartbeat(**fence, expected_version=0, available_slots=1),
-        "drain": lambda: services.session_drain(**fence, expected_version=0),
-        "offline": lambda: services.session_offline(**fence, expected_version=0),
-        "operator-offline": lambda: services.session_operator_offline(worker_id=worker.worker_id),
-        "expire": lambda: services.session_expire(session_id=session.session_id),
+        "heartbeat-write": lambda: session_heartbeat(**fence, expected_version=0, available_slots=1),
+        "drain": lambda: session_drain(**fence, expected_version=0),
+        "offline": lambda: session_offline(**fence, expected_version=0),
+        "operator-offline": lambda: session_operator_offline(worker_id=worker.worker_id),
+        "expire": lambda: session_expire(session_id=session.session_id),
     }
     if call == "heartbeat-write":
         # the heartbeat's first, lock-free read decides whether to write; check the write

@@ -3,8 +3,8 @@
 import re
 from pathlib import Path
 
-from qinglong.errors import CATALOGUE
-from qinglong.management.commands.error_codes import render
+from core.errors import CATALOGUE
+from console.management.commands.error_codes import render
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ["qinglong", "workers", "runs", "placement", "leases", "protocol", "audit"]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from actions.runs import run_cancel, run_requeue, sweep_due_retries
+from actions.tasks import task_create
 from audit.models import Event
-from qinglong.errors import DomainError
-from runs import services
+from core.errors import DomainError
 from runs.models import Run, RunAttempt
 from runs.outcomes import retry_delay_seconds
+from runs.revisions import RevisionSpec
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, complete, make_retry_due, start
 
@@ -45,14 +47,14 @@ def test_enqueue_refuses_an_out_of_range_priority_naming_the_field(priority):
 
 def test_cancelling_a_pending_run_cancels_it_and_its_attempt_at_once():
     run = enqueue(make_revision())
-    result = services.run_cancel(run_id=run.pk, reason="not needed")
+    result = run_cancel(run_id=run.pk, reason="not needed")
     assert result.status == "requested"
     run.refresh_from_db()
     assert run.state == "cancelled" and run.cancel_reason == "not needed" and run.finished_at is not None
     assert RunAttempt.objects.get(run=run).state == "cancelled"
     assert kinds(run.pk)[-3:] == ["run.cancel_requested", "attempt.cancelled", "run.cancelled"]
     before = Event.objects.count()
-    assert services.run_cancel(run_id=run.pk).status == "already_terminal"
+    assert run_cancel(run_id=run.pk).status == "already_terminal"
     assert Event.objects.count() == before
 
 
@@ -60,21 +62,21 @@ def test_a_second_cancel_of_a_running_run_is_already_requested_and_writes_nothin
     session = register(enrolled_worker())
     run = enqueue(make_revision())
     start(claim_one(session))
-    assert services.run_cancel(run_id=run.pk).status == "requested"
+    assert run_cancel(run_id=run.pk).status == "requested"
     run.refresh_from_db()
     assert run.state == "running" and run.cancel_requested_at is not None
     before = (Event.objects.count(), Run.objects.get(pk=run.pk).version)
-    assert services.run_cancel(run_id=run.pk).status == "already_requested"
+    assert run_cancel(run_id=run.pk).status == "already_requested"
     assert (Event.objects.count(), Run.objects.get(pk=run.pk).version) == before
 
 
 def test_cancel_refuses_a_long_reason_and_an_unknown_run():
     run = enqueue(make_revision())
     with pytest.raises(DomainError) as refused:
-        services.run_cancel(run_id=run.pk, reason="x" * 201)
+        run_cancel(run_id=run.pk, reason="x" * 201)
     assert (refused.value.code, refused.value.field) == ("validation_failed", "reason")
     with pytest.raises(DomainError) as missing:
-        services.run_cancel(run_id=RunAttempt.objects.get(run=run).pk)
+        run_cancel(run_id=RunAttempt.objects.get(run=run).pk)
     assert missing.value.code == "run_not_found"
 
 
@@ -98,14 +100,14 @@ def test_a_failed_attempt_waits_an_absolute_jittered_backoff(waiting):
     finished = RunAttempt.objects.get(run=run, number=1).finished_at
     delay = (run.next_attempt_at - finished).total_seconds()
     assert 15 <= delay <= 30  # equal jitter: the upper half of min(max, base · 2^(n−1)) = 30 s
-    assert services.sweep_due_retries() == 0  # not due yet: nothing is queued
+    assert sweep_due_retries() == 0  # not due yet: nothing is queued
     assert Run.objects.get(pk=run.pk).state == "retry_wait"
 
 
 def test_a_due_retry_is_queued_as_attempt_2_sharing_nothing_with_attempt_1(waiting):
     session, run = waiting
     make_retry_due(run.pk)
-    assert services.sweep_due_retries() == 1
+    assert sweep_due_retries() == 1
     run.refresh_from_db()
     assert (run.state, run.attempt_count, run.next_attempt_at) == ("queued", 2, None)
     second = RunAttempt.objects.get(run=run, number=2)
@@ -126,17 +128,17 @@ def test_a_due_retry_is_queued_as_attempt_2_sharing_nothing_with_attempt_1(waiti
 
 def test_cancelling_a_waiting_run_cancels_it_at_once_and_no_attempt_follows(waiting):
     _, run = waiting
-    services.run_cancel(run_id=run.pk)
+    run_cancel(run_id=run.pk)
     run.refresh_from_db()
     assert (run.state, run.next_attempt_at) == ("cancelled", None)
-    assert services.run_requeue(run_id=run.pk) is None
+    assert run_requeue(run_id=run.pk) is None
     assert RunAttempt.objects.filter(run=run).count() == 1
 
 
 def test_requeue_of_a_run_that_is_not_due_writes_nothing(waiting):
     _, run = waiting
     before = (Event.objects.count(), Run.objects.get(pk=run.pk).version)
-    assert services.run_requeue(run_id=run.pk) is None
+    assert run_requeue(run_id=run.pk) is None
     assert (Event.objects.count(), Run.objects.get(pk=run.pk).version) == before
 
 
@@ -148,9 +150,9 @@ def test_the_retry_sweep_works_in_bounded_batches():
         complete(start(claim_one(session)), outcome="failed", exit_code=1)
     for run in runs:
         make_retry_due(run.pk)
-    assert services.sweep_due_retries(batch=2) == 2
-    assert services.sweep_due_retries(batch=2) == 1
-    assert services.sweep_due_retries(batch=2) == 0
+    assert sweep_due_retries(batch=2) == 2
+    assert sweep_due_retries(batch=2) == 1
+    assert sweep_due_retries(batch=2) == 0
     assert set(Run.objects.values_list("state", flat=True)) == {"queued"}
 
 
@@ -163,8 +165,7 @@ def test_backoff_doubles_per_attempt_up_to_its_ceiling():
 
 def test_a_run_that_stops_waiting_drops_its_placement_summary():
     from runs.models import Run
-    from runs.services import run_cancel
-
+    
     run = enqueue(make_revision(placement={"required": {"arch": ["aarch64"]}}))
     Run.objects.filter(pk=run.pk).update(placement_summary={"arch": 1})
     run_cancel(run_id=run.pk, reason="not needed")
@@ -173,9 +174,9 @@ def test_a_run_that_stops_waiting_drops_its_placement_summary():
 
 
 def test_a_hostile_env_name_is_named_safely_in_the_error():
-    spec = services.RevisionSpec(executor="shell", command="true", timeout_seconds=5,
+    spec = RevisionSpec(executor="shell", command="true", timeout_seconds=5,
                                  env={"\x00bad" + "x" * 5000: "v"})
     with pytest.raises(DomainError) as refused:
-        services.task_create(name="env-check", spec=spec)
+        task_create(name="env-check", spec=spec)
     assert refused.value.field.startswith("env.") and len(refused.value.field) <= 80
     assert "\x00" not in refused.value.field

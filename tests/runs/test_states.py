@@ -9,10 +9,10 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from audit.models import Event
+from core.db import db_now
+from core.errors import DomainError
 from leases.models import RunDispatchLease
 from protocol.ids import uuid7
-from qinglong.db import db_now
-from qinglong.errors import DomainError
 from runs.models import Run, RunAttempt
 from runs.states import (
     ATTEMPT_TERMINAL,

@@ -11,12 +11,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIRequestFactory
 
+from api.base import check_principal_binding
+from core.errors import DomainError
 from protocol import wire
-from qinglong.api.base import check_principal_binding
-from qinglong.errors import DomainError
 from tests.helpers import OfferTicket, SignedClient, enrolled_worker, register
-from workers.auth import WorkerPrincipal
 from workers.models import WorkerSession
+from workers.principals import WorkerPrincipal
 
 pytestmark = pytest.mark.django_db
 

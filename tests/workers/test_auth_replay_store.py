@@ -10,11 +10,11 @@ import time
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from api import auth
+from core.errors import DomainError
 from protocol import strictjson, wire
-from qinglong.errors import DomainError
 from tests.helpers import SignedClient
 from tests.workers.test_auth_signatures import heartbeat, refused, send, signed_headers, worker_session  # noqa: F401
-from workers import auth
 from workers.nonces import ProcessNonceStore
 
 pytestmark = pytest.mark.django_db
@@ -99,4 +99,4 @@ def test_a_request_signed_before_a_restart_is_logged_as_information_not_as_an_er
     with caplog.at_level(logging.INFO):
         refused(send(client, wire.SESSION_HEARTBEAT, raw, headers), 503, "signature_predates_restart")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert [r for r in caplog.records if r.name == "qinglong.api" and "signature_predates_restart" in r.getMessage()]
+    assert [r for r in caplog.records if r.name == "api" and "signature_predates_restart" in r.getMessage()]

@@ -10,14 +10,15 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
+from actions.leases.activation import lease_running, lease_starting
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.runs import sweep_due_retries
+from actions.workers import worker_revoke
 from audit.models import Event
-from leases import services as lease_services
 from leases.models import RunDispatchLease
 from protocol import wire
 from runs.models import Run, RunAttempt
-from runs.services import sweep_due_retries
 from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
-from workers import services
 from workers.models import CredentialState, SessionState, Worker, WorkerCredential, WorkerSession, WorkerState
 
 pytestmark = pytest.mark.django_db
@@ -29,11 +30,11 @@ def heartbeat(session):
 
 def claim(session, count: int):
     tickets = [OfferTicket() for _ in range(count)]
-    offers = lease_services.lease_claim(
+    offers = lease_claim(
         worker_id=session.worker.worker_id,
         session_id=session.session_id,
         generation=session.generation,
-        offers=[lease_services.OfferRequest(t.offer_id, t.token) for t in tickets],
+        offers=[OfferRequest(t.offer_id, t.token) for t in tickets],
     )
     by_offer = {ticket.offer_id: ticket for ticket in tickets}
     return [(offer.lease, by_offer[offer.lease.offer_id]) for offer in offers]
@@ -48,8 +49,8 @@ def start(session, lease, ticket) -> None:
         "lease_generation": lease.lease_generation,
         "lease_token": ticket.token,
     }
-    lease_services.lease_starting(**fence, offer_id=ticket.offer_id, lease_version=lease.version)
-    lease_services.lease_running(
+    lease_starting(**fence, offer_id=ticket.offer_id, lease_version=lease.version)
+    lease_running(
         **fence,
         offer_id=ticket.offer_id,
         lease_version=lease.version,
@@ -103,7 +104,7 @@ def test_revocation_kills_credentials_fences_the_session_and_settles_leases_in_o
 ):
     worker, session, api, started_run, unstarted_run = busy_worker
     with django_capture_on_commit_callbacks(execute=True):
-        services.worker_revoke(worker_id=worker.worker_id, actor="alice")
+        worker_revoke(worker_id=worker.worker_id, actor="alice")
     assert_revoked_everywhere(worker, session, started_run, unstarted_run)
     answer = api.post(wire.SESSION_HEARTBEAT, heartbeat(session))
     assert (answer.status_code, answer.json()["code"]) == (401, "credential_revoked")
@@ -128,7 +129,7 @@ def test_revocation_is_all_or_nothing(busy_worker, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("settlement failed half-way")
 
-    monkeypatch.setattr("leases.settlement.settle_session_leases", broken)
+    monkeypatch.setattr("actions.sessions.endings.settle_session_leases", broken)
     before = (
         list(WorkerCredential.objects.values()),
         list(WorkerSession.objects.values()),
@@ -137,7 +138,7 @@ def test_revocation_is_all_or_nothing(busy_worker, monkeypatch):
         Event.objects.count(),
     )
     with pytest.raises(RuntimeError):
-        services.worker_revoke(worker_id=worker.worker_id)
+        worker_revoke(worker_id=worker.worker_id)
     after = (
         list(WorkerCredential.objects.values()),
         list(WorkerSession.objects.values()),
@@ -150,9 +151,9 @@ def test_revocation_is_all_or_nothing(busy_worker, monkeypatch):
 
 def test_revoking_twice_changes_nothing_the_second_time(busy_worker):
     worker, *_ = busy_worker
-    services.worker_revoke(worker_id=worker.worker_id)
+    worker_revoke(worker_id=worker.worker_id)
     events = Event.objects.count()
-    services.worker_revoke(worker_id=worker.worker_id)
+    worker_revoke(worker_id=worker.worker_id)
     assert Event.objects.count() == events
 
 

@@ -28,9 +28,10 @@ import django
 django.setup()
 from django.test import RequestFactory
 from protocol.errors import ProtocolError
-from qinglong.api.ratelimit import enforce
-from qinglong.errors import DomainError
-from workers.auth import cache_is_shared, nonce_accept
+from api.ratelimit import enforce
+from core.errors import DomainError
+from api.auth import nonce_accept
+from workers.principals import cache_is_shared
 
 assert cache_is_shared(), "the cluster profile must use a shared cache"
 go, key_id, count = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -9,11 +9,11 @@ import time
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from api import auth
 from audit.models import Event
 from protocol import strictjson, wire
 from protocol.signing import sign_request
 from tests.helpers import SignedClient, enrolled_worker, register
-from workers import auth
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db

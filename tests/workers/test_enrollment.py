@@ -11,12 +11,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import call_command
 from django.utils import timezone
 
+from actions.enrollment import enrollment_token_create, worker_create, worker_enroll
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.workers import worker_revoke
 from audit.models import Event
+from core.errors import DomainError
 from protocol import wire
 from protocol.signing import public_key_text
-from qinglong.errors import DomainError
 from tests.helpers import SignedClient, enrolled_worker, register
-from workers import services
+from workers.credentials import token_digest
 from workers.models import CredentialState, EnrollmentToken, WorkerCredential
 
 pytestmark = pytest.mark.django_db
@@ -38,8 +41,8 @@ def refusals(code: str) -> int:
 
 @pytest.fixture
 def issued():
-    worker = services.worker_create(name="edge-1")
-    return worker, services.enrollment_token_create(worker_id=worker.pk)
+    worker = worker_create(name="edge-1")
+    return worker, enrollment_token_create(worker_id=worker.pk)
 
 
 def test_a_token_enrolls_once_and_is_kept_only_as_a_digest(client, issued):
@@ -83,7 +86,7 @@ def test_an_expired_token_is_refused_and_audited(client, issued):
 
 
 def test_a_token_for_another_worker_is_refused_and_audited(client, issued):
-    services.worker_create(name="edge-2")
+    worker_create(name="edge-2")
     _, token = issued
     answer = enroll(client, token.token, workerName="edge-2")
     assert (answer.status_code, answer.json()["code"]) == (401, "enrollment_token_invalid")
@@ -123,7 +126,7 @@ def test_re_enrolling_invalidates_the_previous_credentials_at_once(
     api = SignedClient(client, worker)
     body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 2}
     assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200  # credential now cached
-    token = services.enrollment_token_create(worker_id=worker.worker_id)
+    token = enrollment_token_create(worker_id=worker.worker_id)
     with django_capture_on_commit_callbacks(execute=True):  # the cache eviction runs on commit
         assert enroll(client, token.token).status_code == 201
     answer = api.post(wire.SESSION_HEARTBEAT, body)
@@ -136,18 +139,18 @@ def test_a_key_is_never_enrolled_twice(client, issued):
     worker, token = issued
     _, public_key = new_key_text()
     assert enroll(client, token.token, public_key).status_code == 201
-    second = services.enrollment_token_create(worker_id=worker.pk)
+    second = enrollment_token_create(worker_id=worker.pk)
     answer = enroll(client, second.token, public_key)
     assert (answer.status_code, answer.json()["field"]) == (400, "publicKey")
 
 
 def test_a_revoked_worker_can_neither_get_nor_use_a_token(client, issued):
     worker, token = issued
-    services.worker_revoke(worker_id=worker.pk)
+    worker_revoke(worker_id=worker.pk)
     answer = enroll(client, token.token)  # issued before the revocation: expired by it
     assert (answer.status_code, answer.json()["code"]) == (403, "worker_revoked")
     with pytest.raises(DomainError) as refused:
-        services.enrollment_token_create(worker_id=worker.pk)
+        enrollment_token_create(worker_id=worker.pk)
     assert refused.value.code == "worker_revoked"
 
 
@@ -155,7 +158,7 @@ def test_a_revoked_worker_can_neither_get_nor_use_a_token(client, issued):
 def test_token_lifetime_is_bounded(issued, ttl):
     worker, _ = issued
     with pytest.raises(DomainError) as refused:
-        services.enrollment_token_create(worker_id=worker.pk, ttl_seconds=ttl)
+        enrollment_token_create(worker_id=worker.pk, ttl_seconds=ttl)
     assert (refused.value.code, refused.value.field) == ("validation_failed", "ttlSeconds")
 
 
@@ -177,15 +180,14 @@ def test_the_enroll_worker_command_prints_the_token_once(capsys):
     assert token.startswith("qlenroll_")
     stored = EnrollmentToken.objects.get(worker__name="gpu-box-1")
     assert token not in str(EnrollmentToken.objects.values())
-    from workers.services.enrollment import token_digest
-
+    
     assert stored.digest == token_digest(token)
-    credential = services.worker_enroll(token=token, public_key=new_key_text()[1])
+    credential = worker_enroll(token=token, public_key=new_key_text()[1])
     assert credential.worker.name == "gpu-box-1"
 
 
 def test_the_admin_action_shows_a_token_once(admin_client):
-    worker = services.worker_create(name="edge-9")
+    worker = worker_create(name="edge-9")
     answer = admin_client.post(
         "/admin/workers/worker/",
         {"action": "issue_enrollment_token", "_selected_action": [str(worker.pk)]},
@@ -195,26 +197,25 @@ def test_the_admin_action_shows_a_token_once(admin_client):
     shown = [str(m) for m in answer.context["messages"]]
     assert len(shown) == 1 and "qlenroll_" in shown[0]
     token = shown[0].split("<code>")[1].split("</code>")[0]
-    assert services.worker_enroll(token=token, public_key=new_key_text()[1]).worker_id == worker.pk
+    assert worker_enroll(token=token, public_key=new_key_text()[1]).worker_id == worker.pk
     assert EnrollmentToken.objects.get(worker=worker).created_by.is_staff
 
 
 def test_re_enrolling_fences_the_live_session_and_returns_its_unstarted_work(issued):
-    from leases import services as lease_services
     from leases.models import RunDispatchLease
     from tests.helpers import Enrolled, OfferTicket, enqueue, make_revision, register
     from workers.models import WorkerSession
 
     worker, token = issued
     key = Ed25519PrivateKey.generate()
-    first = services.worker_enroll(token=token.token, public_key=public_key_text(key.public_key()))
+    first = worker_enroll(token=token.token, public_key=public_key_text(key.public_key()))
     session = register(Enrolled(worker.pk, worker.name, first.pk, key))
     run = enqueue(make_revision())
     ticket = OfferTicket()
-    lease_services.lease_claim(worker_id=worker.pk, session_id=session.session_id, generation=1,
-                               offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)])
-    again = services.enrollment_token_create(worker_id=worker.pk)
-    services.worker_enroll(token=again.token, public_key=public_key_text(Ed25519PrivateKey.generate().public_key()))
+    lease_claim(worker_id=worker.pk, session_id=session.session_id, generation=1,
+                               offers=[OfferRequest(ticket.offer_id, ticket.token)])
+    again = enrollment_token_create(worker_id=worker.pk)
+    worker_enroll(token=again.token, public_key=public_key_text(Ed25519PrivateKey.generate().public_key()))
     fenced = WorkerSession.objects.get(pk=session.session_id)
     assert (fenced.state, fenced.end_reason) == ("fenced", "re_enrolled")
     lease = RunDispatchLease.objects.get(run=run)
@@ -225,5 +226,5 @@ def test_re_enrolling_fences_the_live_session_and_returns_its_unstarted_work(iss
 def test_a_zero_token_lifetime_is_refused_not_defaulted(issued):
     worker, _ = issued
     with pytest.raises(DomainError) as refused:
-        services.enrollment_token_create(worker_id=worker.pk, ttl_seconds=0)
+        enrollment_token_create(worker_id=worker.pk, ttl_seconds=0)
     assert (refused.value.code, refused.value.field) == ("validation_failed", "ttlSeconds")

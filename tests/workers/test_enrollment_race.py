@@ -8,18 +8,18 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.db import connection
 
+from actions.enrollment import enrollment_token_create, worker_create, worker_enroll
 from audit.models import Event
+from core.errors import DomainError
 from protocol.signing import public_key_text
-from qinglong.errors import DomainError
-from workers import services
 from workers.models import CredentialState, WorkerCredential
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_one_token_raced_by_two_enrollments_has_exactly_one_winner():
-    worker = services.worker_create(name="raced")
-    token = services.enrollment_token_create(worker_id=worker.pk).token
+    worker = worker_create(name="raced")
+    token = enrollment_token_create(worker_id=worker.pk).token
     barrier = threading.Barrier(2)
     outcomes: list[str] = []
 
@@ -27,7 +27,7 @@ def test_one_token_raced_by_two_enrollments_has_exactly_one_winner():
         try:
             key = public_key_text(Ed25519PrivateKey.generate().public_key())
             barrier.wait(timeout=10)
-            services.worker_enroll(token=token, public_key=key)
+            worker_enroll(token=token, public_key=key)
             outcomes.append("enrolled")
         except DomainError as exc:
             outcomes.append(exc.code)

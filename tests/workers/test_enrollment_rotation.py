@@ -12,14 +12,15 @@ from django.core.management import call_command
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from actions.credentials import credential_force_rotation, credential_rotate
+from actions.enrollment import worker_create
 from audit.models import Event
+from core.errors import DomainError
 from protocol import wire
 from protocol.signing import public_key_text
-from qinglong.errors import DomainError
 from tests.helpers import SignedClient, enrolled_worker, register
-from workers import services
-from workers.auth import forget_credentials
 from workers.models import CredentialState, Worker, WorkerCredential
+from workers.principals import forget_credentials
 
 pytestmark = pytest.mark.django_db
 
@@ -79,7 +80,7 @@ def test_after_the_grace_period_the_old_key_is_refused(rotating):
 def test_the_grace_period_is_a_setting(client, protocol_settings):
     protocol_settings(ROTATION_GRACE_SECONDS=42)
     worker = enrolled_worker()
-    rotation = services.credential_rotate(
+    rotation = credential_rotate(
         worker_id=worker.worker_id,
         credential_id=worker.credential_id,
         public_key=key_text(Ed25519PrivateKey.generate()),
@@ -116,7 +117,7 @@ def test_an_operator_forced_rotation_is_announced_and_carried_out_with_the_curre
     api = SignedClient(client, worker)
     assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session)).json()["rotationRequired"] is False
     with django_capture_on_commit_callbacks(execute=True):
-        services.credential_force_rotation(worker_id=worker.worker_id, actor="alice")
+        credential_force_rotation(worker_id=worker.worker_id, actor="alice")
     forced = WorkerCredential.objects.get(pk=worker.credential_id)
     assert forced.state == CredentialState.ROTATED and forced.not_after is not None
     told = api.post(wire.SESSION_HEARTBEAT, heartbeat(session))
@@ -137,21 +138,21 @@ def test_a_worker_that_misses_a_forced_rotation_is_refused(client, django_captur
     worker = enrolled_worker()
     session = register(worker)
     with django_capture_on_commit_callbacks(execute=True):
-        services.credential_force_rotation(worker_id=worker.worker_id)
+        credential_force_rotation(worker_id=worker.worker_id)
     end_grace(worker.credential_id)
     answer = SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session))
     assert (answer.status_code, answer.json()["code"]) == (401, "credential_expired")
 
 
 def test_forcing_needs_an_enrolled_worker_and_is_idempotent():
-    bare = services.worker_create(name="never-enrolled")
+    bare = worker_create(name="never-enrolled")
     with pytest.raises(DomainError) as refused:
-        services.credential_force_rotation(worker_id=bare.pk)
+        credential_force_rotation(worker_id=bare.pk)
     assert refused.value.code == "worker_not_enrolled"
     worker = enrolled_worker()
-    services.credential_force_rotation(worker_id=worker.worker_id)
+    credential_force_rotation(worker_id=worker.worker_id)
     first = WorkerCredential.objects.get(pk=worker.credential_id).not_after
-    services.credential_force_rotation(worker_id=worker.worker_id)
+    credential_force_rotation(worker_id=worker.worker_id)
     assert WorkerCredential.objects.get(pk=worker.credential_id).not_after == first
     assert Event.objects.filter(kind="credential.rotation_forced").count() == 1
 

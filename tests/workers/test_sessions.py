@@ -6,11 +6,12 @@ from datetime import timedelta
 
 import pytest
 
+from actions.sessions.heartbeat import session_heartbeat
+from actions.sessions.shutdown import session_drain, session_offline
 from audit.models import Event
+from core.errors import DomainError
 from protocol.ids import uuid7
-from qinglong.errors import DomainError
 from tests.helpers import enrolled_worker, register, snapshot
-from workers import services
 from workers.models import SessionState, WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -65,7 +66,7 @@ def test_new_session_replaces_and_fences_the_old_one():
     assert WorkerSession.objects.filter(worker_id=worker.worker_id, state__in=["online", "draining"]).count() == 1
     before = rows()
     with pytest.raises(DomainError) as refused:
-        services.session_heartbeat(worker_id=worker.worker_id, session_id=first.session_id,
+        session_heartbeat(worker_id=worker.worker_id, session_id=first.session_id,
                                    generation=first.generation, expected_version=first.version, available_slots=1)
     assert refused.value.code == "session_superseded" and refused.value.status == 409
     assert rows() == before
@@ -88,7 +89,7 @@ def test_heartbeat_fence_faults_fail_closed(change, code):
         change = {"session_id": uuid7()}
     before = rows()
     with pytest.raises(DomainError) as refused:
-        services.session_heartbeat(**{**call, **change})
+        session_heartbeat(**{**call, **change})
     assert refused.value.code == code
     assert rows() == before
 
@@ -101,7 +102,7 @@ def test_expired_session_lease_fails_closed_without_a_sweep():
     )
     before = rows()
     with pytest.raises(DomainError) as refused:
-        services.session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id,
+        session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id,
                                    generation=1, expected_version=0, available_slots=2)
     assert refused.value.code == "session_expired"
     assert rows() == before
@@ -111,12 +112,12 @@ def test_unchanged_heartbeat_writes_nothing_until_half_the_lease_is_used():
     worker = enrolled_worker()
     session = register(worker)
     before = rows()
-    services.session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+    session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
                                expected_version=0, available_slots=2)
     assert rows() == before
     stored = WorkerSession.objects.get(pk=session.session_id)
     WorkerSession.objects.filter(pk=stored.pk).update(lease_expires_at=stored.lease_expires_at - timedelta(seconds=20))
-    services.session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+    session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
                                expected_version=0, available_slots=2)
     extended = WorkerSession.objects.get(pk=stored.pk)
     assert extended.lease_expires_at > stored.lease_expires_at - timedelta(seconds=20)
@@ -126,11 +127,11 @@ def test_unchanged_heartbeat_writes_nothing_until_half_the_lease_is_used():
 def test_slot_change_bumps_version_and_slots_never_exceed_the_maximum():
     worker = enrolled_worker()
     session = register(worker, max_concurrent=2)
-    view = services.session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+    view = session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
                                       expected_version=0, available_slots=1)
     assert (view.session.available_slots, view.session.version) == (1, 1)
     with pytest.raises(DomainError) as refused:
-        services.session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+        session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
                                    expected_version=1, available_slots=3)
     assert refused.value.code == "slots_exceed_maximum"
 
@@ -138,10 +139,10 @@ def test_slot_change_bumps_version_and_slots_never_exceed_the_maximum():
 def test_drain_zeroes_capacity_and_keeps_heartbeats_valid():
     worker = enrolled_worker()
     session = register(worker)
-    view = services.session_drain(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+    view = session_drain(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
                                   expected_version=0)
     assert (view.session.state, view.session.available_slots, view.session.version) == ("draining", 0, 1)
-    beat = services.session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+    beat = session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
                                       expected_version=1, available_slots=2)
     assert beat.session.available_slots == 0
 
@@ -149,11 +150,11 @@ def test_drain_zeroes_capacity_and_keeps_heartbeats_valid():
 def test_offline_ends_the_session():
     worker = enrolled_worker()
     session = register(worker)
-    view = services.session_offline(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+    view = session_offline(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
                                     expected_version=0)
     assert view.session.state == "offline" and view.session.available_slots == 0
     with pytest.raises(DomainError) as refused:
-        services.session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+        session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
                                    expected_version=view.session.version, available_slots=1)
     assert refused.value.code == "session_offline"
 

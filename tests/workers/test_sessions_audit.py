@@ -7,13 +7,16 @@ from datetime import timedelta
 
 import pytest
 
+from actions.sessions.expiry import sweep_expired_sessions
+from actions.sessions.heartbeat import session_heartbeat
+from actions.sessions.shutdown import session_drain, session_offline
+from actions.workers import worker_revoke
 from audit import recorder
 from audit.models import Event
-from qinglong.db import db_now
-from qinglong.errors import DomainError
+from core.db import db_now
+from core.errors import DomainError
 from tests.helpers import enrolled_worker, register, snapshot
 from tests.workers.test_sessions_matrix import snapshot_rows
-from workers import services
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -24,12 +27,12 @@ def replace(session):
 
 
 def drain(session):
-    services.session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
+    session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
                            generation=session.generation, expected_version=session.version)
 
 
 def offline(session):
-    services.session_offline(worker_id=session.worker.worker_id, session_id=session.session_id,
+    session_offline(worker_id=session.worker.worker_id, session_id=session.session_id,
                              generation=session.generation, expected_version=session.version)
 
 
@@ -39,7 +42,7 @@ def lapse(session):
 
 def expire(session):
     lapse(session)
-    services.sweep_expired_sessions()
+    sweep_expired_sessions()
 
 
 def conflict(session):
@@ -52,7 +55,7 @@ def storm(session):
 
 
 def revoke(session):
-    services.worker_revoke(worker_id=session.worker.worker_id, actor="ops")
+    worker_revoke(worker_id=session.worker.worker_id, actor="ops")
 
 
 #: action -> (session.* event kinds it writes, in order; data keys of each)
@@ -96,7 +99,7 @@ def test_refusals_other_than_the_audited_two_write_no_event():
     session = register(enrolled_worker())
     offline(session)
     mark = Event.objects.latest("pk").pk
-    for call in (drain, offline, lambda s: services.session_heartbeat(
+    for call in (drain, offline, lambda s: session_heartbeat(
             worker_id=s.worker.worker_id, session_id=s.session_id, generation=1, expected_version=0,
             available_slots=1)):
         with pytest.raises(DomainError):
@@ -111,7 +114,7 @@ ATOMIC = {
     "fenced": (replace, "session.fenced"),
     "drained": (drain, "session.drained"),
     "offline": (offline, "session.offline"),
-    "expired": (lambda session: services.sweep_expired_sessions(), "session.expired"),
+    "expired": (lambda session: sweep_expired_sessions(), "session.expired"),
 }
 #: Time moves before the snapshot is taken: it is the world the fact starts from.
 PREPARE = {"expired": lapse}
@@ -131,7 +134,8 @@ def test_the_event_and_the_fact_commit_together(fact, monkeypatch):
             raise RuntimeError(f"audit store failed after writing {event_kind}")
         return written
 
-    monkeypatch.setattr("workers.services.sessions.record", failing_record)
+    for module in ("endings", "registration", "shutdown"):  # the session modules that write events
+        monkeypatch.setattr(f"actions.sessions.{module}.record", failing_record)
     if fact in PREPARE:
         PREPARE[fact](session)
     before = snapshot_rows()

@@ -7,16 +7,19 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
+from actions.leases.activation import lease_running, lease_starting
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.leases.completion import Completion, lease_complete
+from actions.runs import sweep_due_retries
+from actions.sessions.heartbeat import session_heartbeat
+from actions.sessions.shutdown import session_drain, session_offline, session_operator_offline
 from audit.models import Event
-from leases import services as lease_services
+from core.errors import DomainError
 from leases.models import RunDispatchLease
 from protocol import wire
-from qinglong.errors import DomainError
 from runs.models import Run, RunAttempt
-from runs.services import sweep_due_retries
 from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
 from tests.workers.test_sessions_matrix import snapshot_rows
-from workers import services
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -24,9 +27,9 @@ pytestmark = pytest.mark.django_db
 
 def claim(session, ticket=None):
     ticket = ticket or OfferTicket()
-    offers = lease_services.lease_claim(worker_id=session.worker.worker_id, session_id=session.session_id,
+    offers = lease_claim(worker_id=session.worker.worker_id, session_id=session.session_id,
                                         generation=session.generation,
-                                        offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)])
+                                        offers=[OfferRequest(ticket.offer_id, ticket.token)])
     return offers, ticket
 
 
@@ -34,8 +37,8 @@ def start(session, offer, ticket):
     fence = {"worker_id": session.worker.worker_id, "session_id": session.session_id,
              "generation": session.generation, "attempt_id": offer.lease.attempt_id,
              "lease_generation": offer.lease.lease_generation, "lease_token": ticket.token}
-    lease_services.lease_starting(**fence, offer_id=ticket.offer_id, lease_version=0)
-    lease_services.lease_running(**fence, offer_id=ticket.offer_id, lease_version=0, pid=9, pgid=9,
+    lease_starting(**fence, offer_id=ticket.offer_id, lease_version=0)
+    lease_running(**fence, offer_id=ticket.offer_id, lease_version=0, pid=9, pgid=9,
                                  executor_handle="pid=9 pgid=9")
     return fence
 
@@ -47,19 +50,19 @@ def current(session) -> WorkerSession:
 def test_drain_zeroes_capacity_with_its_event_keeps_heartbeats_and_refuses_claims(client):
     session = register(enrolled_worker(), max_concurrent=3)
     enqueue(make_revision())
-    view = services.session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
+    view = session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
                                   generation=1, expected_version=0)
     assert (view.session.state, view.session.available_slots, view.session.version) == ("draining", 0, 1)
     drained = Event.objects.get(kind="session.drained")
     assert (drained.session_id, drained.data) == (session.session_id, {"generation": 1, "by": "worker"})
-    beat = services.session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
+    beat = session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
                                       generation=1, expected_version=1, available_slots=3)
     assert beat.session.available_slots == 0
     before = snapshot_rows()
     with pytest.raises(DomainError) as refused:
         claim(session)
     assert refused.value.code == "session_draining"
-    again = services.session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
+    again = session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
                                    generation=1, expected_version=1)
     assert again.session.version == 1
     assert snapshot_rows() == before
@@ -70,7 +73,7 @@ def test_offline_is_refused_while_leases_are_active_and_allowed_once_they_end(cl
     enqueue(make_revision())
     (offer,), ticket = claim(session)
     fence = start(session, offer, ticket)
-    services.session_drain(worker_id=session.worker.worker_id, session_id=session.session_id, generation=1,
+    session_drain(worker_id=session.worker.worker_id, session_id=session.session_id, generation=1,
                            expected_version=0)
     api = SignedClient(client, session.worker)
     before = snapshot_rows()
@@ -81,7 +84,7 @@ def test_offline_is_refused_while_leases_are_active_and_allowed_once_they_end(cl
     assert snapshot_rows() == before
     assert current(session).state == "draining"  # stays draining while its lease runs
 
-    lease_services.lease_complete(**fence, completion=lease_services.Completion(1, "succeeded", 0))
+    lease_complete(**fence, completion=Completion(1, "succeeded", 0))
     answer = api.post(wire.SESSION_OFFLINE, {**session.fence(), "expectedVersion": 1})
     assert answer.status_code == 200, answer.json()
     ended = current(session)
@@ -96,7 +99,7 @@ def test_operator_offline_without_force_is_refused_with_active_leases():
     claim(session)
     before = snapshot_rows()
     with pytest.raises(DomainError) as refused:
-        services.session_operator_offline(worker_id=session.worker.worker_id, actor="ops")
+        session_operator_offline(worker_id=session.worker.worker_id, actor="ops")
     assert refused.value.code == "session_has_active_leases"
     assert snapshot_rows() == before
 
@@ -108,12 +111,12 @@ def test_forced_offline_settles_started_attempts_as_lost_and_requeues_unstarted_
                                         retry_backoff_seconds=1, retry_backoff_max_seconds=1))
     waiting_run = enqueue(make_revision(command="echo waiting"))
     tickets = [OfferTicket(), OfferTicket()]
-    offers = lease_services.lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                        offers=[lease_services.OfferRequest(t.offer_id, t.token) for t in tickets])
+    offers = lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+                                        offers=[OfferRequest(t.offer_id, t.token) for t in tickets])
     by_run = {o.lease.run_id: (o, t) for o, t in zip(offers, tickets, strict=True)}
     fence = start(session, *by_run[started_run.pk])
 
-    view = services.session_operator_offline(worker_id=worker.worker_id, force=True, actor="ops")
+    view = session_operator_offline(worker_id=worker.worker_id, force=True, actor="ops")
 
     assert (view.session.state, view.session.end_reason, view.session.available_slots) == (
         "offline", "forced_offline", 0)
@@ -127,7 +130,7 @@ def test_forced_offline_settles_started_attempts_as_lost_and_requeues_unstarted_
         "operator", "ops", {"generation": 1, "forced": True, "settled_leases": 2})
     # the worker's process is fenced from now on
     with pytest.raises(DomainError) as refused:
-        lease_services.lease_complete(**fence, completion=lease_services.Completion(1, "succeeded", 0))
+        lease_complete(**fence, completion=Completion(1, "succeeded", 0))
     assert refused.value.code == "session_offline"
     # and the retry goes to a new attempt once due (not to the offline session)
     Run.objects.filter(pk=started_run.pk).update(next_attempt_at=lost.finished_at)
@@ -137,10 +140,10 @@ def test_forced_offline_settles_started_attempts_as_lost_and_requeues_unstarted_
 
 def test_operator_offline_of_a_worker_without_a_live_session_is_refused():
     session = register(enrolled_worker())
-    services.session_offline(worker_id=session.worker.worker_id, session_id=session.session_id, generation=1,
+    session_offline(worker_id=session.worker.worker_id, session_id=session.session_id, generation=1,
                              expected_version=0)
     with pytest.raises(DomainError) as refused:
-        services.session_operator_offline(worker_id=session.worker.worker_id, force=True)
+        session_operator_offline(worker_id=session.worker.worker_id, force=True)
     assert (refused.value.code, refused.value.status) == ("no_live_session", 409)
 
 

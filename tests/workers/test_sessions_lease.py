@@ -14,17 +14,23 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from actions.credentials import credential_force_rotation
+from actions.leases.activation import lease_starting
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.runs import run_cancel
+from actions.sessions.expiry import session_expire, sweep_expired_sessions
+from actions.sessions.heartbeat import session_heartbeat
+from actions.sessions.shutdown import session_drain, session_offline
+from actions.workers import worker_revoke
 from audit.models import Event
-from leases import services as lease_services
+from core.db import db_now
+from core.errors import DomainError
 from leases.models import RunDispatchLease
 from placement.selectors import live_workers
 from protocol import wire
-from qinglong.db import db_now
-from qinglong.errors import DomainError
 from runs.models import RunAttempt
 from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
 from tests.workers.test_sessions_matrix import snapshot_rows
-from workers import services
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +50,7 @@ def age(session_id, seconds: float) -> None:
 
 
 def heartbeat(session, *, version=None, slots=2):
-    return services.session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
+    return session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
                                       generation=session.generation,
                                       expected_version=session.version if version is None else version,
                                       available_slots=slots)
@@ -61,21 +67,21 @@ def test_a_lapsed_session_leaves_the_candidates_at_once_without_a_sweep():
     assert WorkerSession.objects.get(pk=lapses.session_id).state == "online"  # not swept yet
     enqueue(make_revision())
     with pytest.raises(DomainError) as refused:
-        lease_services.lease_claim(worker_id=lapses.worker.worker_id, session_id=lapses.session_id, generation=1,
-                                   offers=[lease_services.OfferRequest(OfferTicket().offer_id, OfferTicket().token)])
+        lease_claim(worker_id=lapses.worker.worker_id, session_id=lapses.session_id, generation=1,
+                                   offers=[OfferRequest(OfferTicket().offer_id, OfferTicket().token)])
     assert refused.value.code == "session_expired"
 
 
 def test_draining_offline_fenced_and_revoked_sessions_are_never_candidates():
     online = register(enrolled_worker())
     draining = register(enrolled_worker())
-    services.session_drain(worker_id=draining.worker.worker_id, session_id=draining.session_id, generation=1,
+    session_drain(worker_id=draining.worker.worker_id, session_id=draining.session_id, generation=1,
                            expected_version=0)
     offline = register(enrolled_worker())
-    services.session_offline(worker_id=offline.worker.worker_id, session_id=offline.session_id, generation=1,
+    session_offline(worker_id=offline.worker.worker_id, session_id=offline.session_id, generation=1,
                              expected_version=0)
     revoked = register(enrolled_worker())
-    services.worker_revoke(worker_id=revoked.worker.worker_id)
+    worker_revoke(worker_id=revoked.worker.worker_id)
     replaced = enrolled_worker()
     register(replaced)
     current = register(replaced)
@@ -91,11 +97,11 @@ def test_sweep_marks_lapsed_sessions_expired_once_and_settles_their_leases():
     fresh = register(enrolled_worker())
     run = enqueue(make_revision())
     ticket = OfferTicket()
-    offer, = lease_services.lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                        offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)])
+    offer, = lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+                                        offers=[OfferRequest(ticket.offer_id, ticket.token)])
     lapse(session.session_id)
 
-    assert services.sweep_expired_sessions() == 1
+    assert sweep_expired_sessions() == 1
 
     expired = WorkerSession.objects.get(pk=session.session_id)
     assert (expired.state, expired.end_reason, expired.available_slots) == ("expired", "lease_expired", 0)
@@ -109,8 +115,8 @@ def test_sweep_marks_lapsed_sessions_expired_once_and_settles_their_leases():
         session.session_id, "reconciler", {"generation": 1, "settled_leases": 1}
     )
     before = snapshot_rows()
-    assert services.sweep_expired_sessions() == 0
-    assert services.session_expire(session_id=session.session_id) is False
+    assert sweep_expired_sessions() == 0
+    assert session_expire(session_id=session.session_id) is False
     assert snapshot_rows() == before
 
 
@@ -120,7 +126,7 @@ def test_sweep_leaves_a_session_alone_whose_heartbeat_extended_it_first():
     lapsed_ids = [session.session_id]
     heartbeat(session)  # extends
     before = snapshot_rows()
-    assert [services.session_expire(session_id=sid) for sid in lapsed_ids] == [False]
+    assert [session_expire(session_id=sid) for sid in lapsed_ids] == [False]
     assert snapshot_rows() == before
 
 
@@ -128,7 +134,7 @@ def test_sweep_is_bounded_by_its_batch_oldest_first():
     sessions = [register(enrolled_worker()) for _ in range(3)]
     for offset, session in enumerate(sessions):
         lapse(session.session_id, seconds=10 - offset)
-    assert services.sweep_expired_sessions(batch=2) == 2
+    assert sweep_expired_sessions(batch=2) == 2
     states = [WorkerSession.objects.get(pk=s.session_id).state for s in sessions]
     assert states == ["expired", "expired", "online"]
 
@@ -136,7 +142,7 @@ def test_sweep_is_bounded_by_its_batch_oldest_first():
 def test_unknown_session_id_is_not_expired():
     from protocol.ids import uuid7
 
-    assert services.session_expire(session_id=uuid7()) is False
+    assert session_expire(session_id=uuid7()) is False
 
 
 # --- the heartbeat write rule ---------------------------------------------------------------------
@@ -192,7 +198,7 @@ def test_a_slot_change_bumps_the_version_once_and_keeps_a_fresh_lease():
 
 def test_a_draining_session_keeps_zero_capacity_whatever_it_reports():
     session = register(enrolled_worker())
-    services.session_drain(worker_id=session.worker.worker_id, session_id=session.session_id, generation=1,
+    session_drain(worker_id=session.worker.worker_id, session_id=session.session_id, generation=1,
                            expected_version=0)
     before = snapshot_rows()
     view = heartbeat(session, version=1, slots=2)
@@ -230,19 +236,18 @@ def test_a_heartbeat_never_revives_a_lapsed_lease():
 
 
 def test_heartbeat_answers_cancellations_and_rotation_requests():
-    from runs import services as run_services
-
+    
     worker = enrolled_worker()
     session = register(worker)
     run = enqueue(make_revision())
     ticket = OfferTicket()
-    offer, = lease_services.lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                        offers=[lease_services.OfferRequest(ticket.offer_id, ticket.token)])
-    lease_services.lease_starting(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+    offer, = lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
+                                        offers=[OfferRequest(ticket.offer_id, ticket.token)])
+    lease_starting(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
                                   attempt_id=offer.lease.attempt_id, lease_generation=offer.lease.lease_generation,
                                   lease_token=ticket.token, offer_id=ticket.offer_id, lease_version=0)
-    run_services.run_cancel(run_id=run.pk)
-    services.credential_force_rotation(worker_id=worker.worker_id)
+    run_cancel(run_id=run.pk)
+    credential_force_rotation(worker_id=worker.worker_id)
     view = heartbeat(session)
     assert view.cancel_requested == (offer.lease.attempt_id,)
     assert view.rotation_required is True

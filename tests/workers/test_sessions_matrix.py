@@ -21,17 +21,28 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from actions.leases.activation import lease_running, lease_starting
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.sessions.heartbeat import session_heartbeat
+from actions.sessions.shutdown import session_drain, session_offline, session_operator_offline
+from actions.workers import worker_drain, worker_revoke
 from audit.models import Event
-from leases import services as lease_services
+from core.db import db_now
 from leases.models import RunDispatchLease
 from protocol import wire
 from protocol.ids import uuid7
-from qinglong.db import db_now
 from runs.models import Run, RunAttempt
-from tests.helpers import BASE_SNAPSHOT, OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
-from workers import services
-from workers.auth import principal_for
+from tests.helpers import (
+    BASE_SNAPSHOT,
+    OfferTicket,
+    SignedClient,
+    enqueue,
+    enrolled_worker,
+    make_revision,
+    register,
+)
 from workers.models import Worker, WorkerCredential, WorkerSession
+from workers.principals import principal_for
 
 pytestmark = pytest.mark.django_db
 
@@ -149,16 +160,16 @@ def build_world(call: str) -> World:
         enqueue(make_revision(command="echo matrix"))
     if call in LEASE_CALLS:
         world.ticket = OfferTicket()
-        offers = lease_services.lease_claim(
-            **world.service_fence(), offers=[lease_services.OfferRequest(world.ticket.offer_id, world.ticket.token)]
+        offers = lease_claim(
+            **world.service_fence(), offers=[OfferRequest(world.ticket.offer_id, world.ticket.token)]
         )
         world.lease = offers[0].lease
         lease_fence = {**world.service_fence(), "attempt_id": world.lease.attempt_id,
                        "lease_generation": world.lease.lease_generation, "lease_token": world.ticket.token}
         if call in ("renew", "complete"):
-            lease_services.lease_starting(**lease_fence, offer_id=world.ticket.offer_id, lease_version=0)
+            lease_starting(**lease_fence, offer_id=world.ticket.offer_id, lease_version=0)
         if call == "complete":
-            lease_services.lease_running(**lease_fence, offer_id=world.ticket.offer_id, lease_version=0, pid=77,
+            lease_running(**lease_fence, offer_id=world.ticket.offer_id, lease_version=0, pid=77,
                                          pgid=77, executor_handle="pid=77 pgid=77")
     return world
 
@@ -207,24 +218,24 @@ def apply_fault(fault: str, call: str, world: World, capture_on_commit) -> None:
         if call == "register":
             world.body_changes = {"expectedVersion": world.version}
         else:  # a slot change moves the version; the world keeps presenting the old one
-            services.session_heartbeat(**world.service_fence(), expected_version=world.version, available_slots=1)
+            session_heartbeat(**world.service_fence(), expected_version=world.version, available_slots=1)
             assert current_version(world) == world.version + 1
     elif fault == "expired session lease":
         WorkerSession.objects.filter(pk=world.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
     elif fault == "worker draining":
-        services.worker_drain(worker_id=worker_id, actor="ops")
+        worker_drain(worker_id=worker_id, actor="ops")
         if call == "register":
             world.session_id = uuid7()  # the next process start
         else:  # the worker learnt the new version from its heartbeat
             world.version = current_version(world)
     elif fault == "worker offline":
         if call in LEASE_CALLS:
-            services.session_operator_offline(worker_id=worker_id, force=True, actor="ops")
+            session_operator_offline(worker_id=worker_id, force=True, actor="ops")
         else:
-            services.session_offline(**world.service_fence(), expected_version=world.version)
+            session_offline(**world.service_fence(), expected_version=world.version)
     elif fault == "worker revoked":
         with capture_on_commit(execute=True):
-            services.worker_revoke(worker_id=worker_id, actor="ops")
+            worker_revoke(worker_id=worker_id, actor="ops")
     elif fault == "principal/body mismatch":
         other = enrolled_worker()
         world.body_changes = {"workerId": str(other.worker_id)}
@@ -286,17 +297,17 @@ def test_fail_closed_matrix(client, django_capture_on_commit_callbacks, call, fa
 def test_fence_refuses_a_revoked_worker_whose_credential_slipped_through():
     """Defence in depth behind authentication: the fence itself refuses a revoked worker."""
     world = build_world("heartbeat")
-    services.worker_revoke(worker_id=world.worker.worker_id, actor="ops")
+    worker_revoke(worker_id=world.worker.worker_id, actor="ops")
     before = snapshot_rows()
-    from qinglong.errors import DomainError
+    from core.errors import DomainError
 
     for call in (
-        lambda: services.session_heartbeat(**world.service_fence(), expected_version=world.version,
+        lambda: session_heartbeat(**world.service_fence(), expected_version=world.version,
                                            available_slots=2),
-        lambda: services.session_drain(**world.service_fence(), expected_version=world.version),
-        lambda: services.session_offline(**world.service_fence(), expected_version=world.version),
-        lambda: lease_services.lease_claim(**world.service_fence(),
-                                           offers=[lease_services.OfferRequest(uuid7(), OfferTicket().token)]),
+        lambda: session_drain(**world.service_fence(), expected_version=world.version),
+        lambda: session_offline(**world.service_fence(), expected_version=world.version),
+        lambda: lease_claim(**world.service_fence(),
+                                           offers=[OfferRequest(uuid7(), OfferTicket().token)]),
     ):
         with pytest.raises(DomainError) as refused:
             call()
@@ -334,7 +345,7 @@ def test_docs_table_is_the_matrix():
 
 
 def test_every_refusal_code_is_catalogued_with_its_status():
-    from qinglong.errors import CATALOGUE
+    from core.errors import CATALOGUE
 
     for row in MATRIX.values():
         for expect in row.values():
@@ -359,7 +370,7 @@ STATE_FAULTS = {"superseded", "offline", "draining"}  # each sets the session st
     [(a, b) for i, a in enumerate(ORDER) for b in ORDER[i + 1:] if not {a, b} <= STATE_FAULTS],
 )
 def test_fence_checks_in_documented_order(first, second):
-    from qinglong.errors import DomainError
+    from core.errors import DomainError
     from workers.fence import Purpose, check_session
     from workers.models import SessionState, WorkerState
 

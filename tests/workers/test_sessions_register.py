@@ -7,13 +7,18 @@ from datetime import timedelta
 
 import pytest
 
+from actions.leases.activation import lease_starting
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.sessions.expiry import sweep_expired_sessions
+from actions.sessions.heartbeat import session_heartbeat
+from actions.sessions.shutdown import session_drain, session_offline
+from actions.workers import worker_drain, worker_revoke, worker_undrain
 from audit.models import Event
-from leases import services as lease_services
+from core.db import db_now
+from core.errors import DomainError
 from leases.models import RunDispatchLease
 from protocol import wire
 from protocol.ids import uuid7
-from qinglong.db import db_now
-from qinglong.errors import DomainError
 from runs.models import Run, RunAttempt
 from tests.helpers import (
     BASE_SNAPSHOT,
@@ -26,8 +31,8 @@ from tests.helpers import (
     snapshot,
 )
 from tests.workers.test_sessions_matrix import snapshot_rows
-from workers import services
 from workers.models import SessionState, WorkerSession
+from workers.sessions import SessionView
 
 pytestmark = pytest.mark.django_db
 
@@ -69,7 +74,7 @@ def test_first_registration_over_http_is_generation_1_version_0_with_server_time
 
 def test_next_heartbeat_time_is_jittered_within_the_ratio(protocol_settings):
     protocol_settings(HEARTBEAT_INTERVAL_SECONDS=10, HEARTBEAT_JITTER_RATIO=0.1)
-    view = services.SessionView(session=None, server_time=db_now())
+    view = SessionView(session=None, server_time=db_now())
     delays = {(view.next_heartbeat_at - view.server_time).total_seconds() for _ in range(200)}
     assert all(9.0 <= d <= 11.0 for d in delays)
     assert len(delays) > 100  # actually jittered, not a constant
@@ -129,7 +134,7 @@ def test_another_workers_session_id_is_a_conflict_that_does_not_name_it():
 def test_replacement_raises_generation_and_version_and_fences_the_old_session_atomically():
     worker = enrolled_worker()
     first = register(worker)
-    services.session_heartbeat(worker_id=worker.worker_id, session_id=first.session_id, generation=1,
+    session_heartbeat(worker_id=worker.worker_id, session_id=first.session_id, generation=1,
                                expected_version=0, available_slots=1)  # version 1
     second = register(worker)
     old = WorkerSession.objects.get(pk=first.session_id)
@@ -152,14 +157,14 @@ def test_replacement_settles_the_old_sessions_leases_started_lost_unstarted_requ
     started_run = enqueue(make_revision(command="echo started"))
     waiting_run = enqueue(make_revision(command="echo waiting"))
     tickets = [OfferTicket(), OfferTicket()]
-    offers = lease_services.lease_claim(
+    offers = lease_claim(
         worker_id=worker.worker_id, session_id=first.session_id, generation=1,
-        offers=[lease_services.OfferRequest(t.offer_id, t.token) for t in tickets],
+        offers=[OfferRequest(t.offer_id, t.token) for t in tickets],
     )
     assert len(offers) == 2
     by_run = {o.lease.run_id: (o.lease, t) for o, t in zip(offers, tickets, strict=True)}
     lease, ticket = by_run[started_run.pk]
-    lease_services.lease_starting(worker_id=worker.worker_id, session_id=first.session_id, generation=1,
+    lease_starting(worker_id=worker.worker_id, session_id=first.session_id, generation=1,
                                   attempt_id=lease.attempt_id, lease_generation=lease.lease_generation,
                                   lease_token=ticket.token, offer_id=ticket.offer_id, lease_version=0)
 
@@ -240,7 +245,7 @@ def test_registrations_after_offline_are_not_takeovers(protocol_settings):
     for generation in range(1, 5):
         session = register(worker)
         assert session.generation == generation
-        services.session_offline(worker_id=worker.worker_id, session_id=session.session_id,
+        session_offline(worker_id=worker.worker_id, session_id=session.session_id,
                                  generation=session.generation, expected_version=session.version)
     assert not Event.objects.filter(kind__in=["session.replaced", "session.takeover_limited"]).exists()
 
@@ -248,13 +253,13 @@ def test_registrations_after_offline_are_not_takeovers(protocol_settings):
 def test_operator_drain_survives_a_restart_and_undrain_lets_the_next_session_online():
     worker = enrolled_worker()
     register(worker)
-    services.worker_drain(worker_id=worker.worker_id, actor="ops")
+    worker_drain(worker_id=worker.worker_id, actor="ops")
     restarted = register(worker)
     stored = WorkerSession.objects.get(pk=restarted.session_id)
     assert (stored.state, stored.available_slots, stored.drained_by) == ("draining", 0, "operator")
     registered = Event.objects.get(kind="session.registered", session_id=stored.pk)
     assert registered.data == {"generation": 2, "replaced": True, "draining": True}
-    services.worker_undrain(worker_id=worker.worker_id, actor="ops")
+    worker_undrain(worker_id=worker.worker_id, actor="ops")
     assert register(worker).generation == 3
     assert live(worker)[0].state == "online"
 
@@ -262,7 +267,7 @@ def test_operator_drain_survives_a_restart_and_undrain_lets_the_next_session_onl
 def test_a_workers_own_drain_does_not_outlive_its_process():
     worker = enrolled_worker()
     first = register(worker)
-    services.session_drain(worker_id=worker.worker_id, session_id=first.session_id, generation=1,
+    session_drain(worker_id=worker.worker_id, session_id=first.session_id, generation=1,
                            expected_version=0)
     restarted = register(worker)
     assert WorkerSession.objects.get(pk=restarted.session_id).state == "online"
@@ -272,7 +277,7 @@ def test_revocation_survives_a_restart(django_capture_on_commit_callbacks, clien
     worker = enrolled_worker()
     register(worker)
     with django_capture_on_commit_callbacks(execute=True):
-        services.worker_revoke(worker_id=worker.worker_id, actor="ops")
+        worker_revoke(worker_id=worker.worker_id, actor="ops")
     before = snapshot_rows()
     with pytest.raises(DomainError) as refused:
         register(worker)
@@ -315,11 +320,11 @@ def test_replay_of_a_session_in_every_ended_state_is_refused_with_its_code():
     worker = enrolled_worker()
     fenced = register(worker)
     offline = register(worker)
-    services.session_offline(worker_id=worker.worker_id, session_id=offline.session_id, generation=2,
+    session_offline(worker_id=worker.worker_id, session_id=offline.session_id, generation=2,
                              expected_version=offline.version)
     expired = register(worker)
     WorkerSession.objects.filter(pk=expired.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
-    services.sweep_expired_sessions()
+    sweep_expired_sessions()
     for ended, code in ((fenced, "session_superseded"), (offline, "session_offline"), (expired, "session_expired")):
         with pytest.raises(DomainError) as refused:
             register(worker, session_id=ended.session_id)

@@ -17,12 +17,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from nacl.bindings import crypto_core_ed25519_add
 
+from actions.enrollment import enrollment_token_create, worker_create
 from protocol import strictjson, wire
 from protocol.signing import sign_request
 from tests.helpers import SignedClient, enrolled_worker
-from workers import services
-from workers.auth import forget_credentials
 from workers.models import WorkerCredential, WorkerSession
+from workers.principals import forget_credentials
 
 pytestmark = pytest.mark.django_db
 
@@ -53,8 +53,8 @@ def enroll(client, token: str, public_key: str):
 @pytest.mark.parametrize("raw", [*DEGENERATE.values(), None], ids=[*DEGENERATE, "mixed order"])
 def test_enrollment_refuses_a_key_signatures_could_be_forged_for_and_spends_no_token(client, raw):
     raw = raw if raw is not None else crypto_core_ed25519_add(honest(), ORDER_2)
-    worker = services.worker_create(name="edge-keys")
-    issued = services.enrollment_token_create(worker_id=worker.pk)
+    worker = worker_create(name="edge-keys")
+    issued = enrollment_token_create(worker_id=worker.pk)
     answer = enroll(client, issued.token, text(raw))
     assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (
         400,

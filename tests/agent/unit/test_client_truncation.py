@@ -11,6 +11,25 @@ import pytest
 from agent.client import Client, TransportError
 
 
+def read_request(conn: socket.socket) -> bytes:
+    """Read one HTTP request whole: its headers, then ``Content-Length`` bytes of body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def serve_once(answer: bytes) -> tuple[str, threading.Thread]:
     """A one-shot HTTP server on 127.0.0.1 that reads a request, writes ``answer`` and hangs up."""
     listener = socket.socket()
@@ -20,7 +39,7 @@ def serve_once(answer: bytes) -> tuple[str, threading.Thread]:
     def run() -> None:
         conn, _ = listener.accept()
         with conn, listener:
-            conn.recv(65536)
+            read_request(conn)  # all of it: closing with unread bytes would reset the connection
             conn.sendall(answer)
 
     thread = threading.Thread(target=run, daemon=True)

@@ -1,0 +1,317 @@
+"""Claim: a worker session takes runnable attempts under new run leases (worker pull; ADR-0012 §3, §4).
+
+The rules — offers and their replay, capacity, placement classes, keyset pages, ``SKIP LOCKED``
+candidate locking, ranking holds — are in ``docs/leases.md`` (Claim) and ``docs/placement.md``.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+
+from audit.models import ActorType
+from audit.recorder import record
+from core.conf import protocol
+from core.db import write_path
+from core.errors import DomainError
+from leases.fence import (
+    renew_interval,
+    require_active,
+)
+from leases.models import LeaseState, ReleaseReason, RunDispatchLease
+from leases.offers import Offer, execution_spec, spec_sha256
+from leases.settlement import settle_lease
+from leases.tokens import TOKEN, token_digest, token_matches
+from placement.matching import match
+from placement.ranking import ClaimRanking
+from placement.selectors import parse_capabilities, parse_placement
+from protocol.wire import MAX_OFFERS_PER_CLAIM
+from runs.locks import lock_candidates
+from runs.models import Run, RunAttempt, TaskRevision
+from runs.selectors import QUEUE_PAGE, placement_class_heads, waiting_placement_classes
+from runs.states import AttemptState, RunState
+from runs.transitions import bump_run, move_run, update_attempt
+from workers.fence import Purpose, lock_and_fence
+from workers.models import SessionState, Worker, WorkerSession
+
+#: Keyset pages of candidates one claim may read (the first one small, then 64 attempts each).
+CLAIM_MAX_PAGES = 4
+
+
+CLAIM_FIRST_PAGE = 16
+
+
+#: Matching placement classes whose queue heads one claim probes.
+CLAIM_MAX_CLASSES = 32
+
+
+@dataclass(frozen=True)
+class OfferRequest:
+    """A worker's request for one offer: its own offer id (UUID) and lease token (≥128 bits)."""
+
+    offer_id: uuid.UUID
+    lease_token: str
+
+
+def _check_offers(offers: list[OfferRequest]) -> None:
+    """Shape rules the wire serializer also enforces, kept here so that no caller can skip them."""
+    if not 1 <= len(offers) <= MAX_OFFERS_PER_CLAIM:
+        raise DomainError("validation_failed", f"1 to {MAX_OFFERS_PER_CLAIM} offers", field="offers")
+    seen_ids: set[uuid.UUID] = set()
+    seen_tokens: set[str] = set()
+    for index, request in enumerate(offers):
+        if not isinstance(request.offer_id, uuid.UUID):
+            raise DomainError("validation_failed", "must be a UUID", field=f"offers[{index}].offerId")
+        if not isinstance(request.lease_token, str) or not TOKEN.match(request.lease_token):
+            raise DomainError("validation_failed", "must be base64url of at least 128 bits",
+                              field=f"offers[{index}].leaseToken")
+        if request.offer_id in seen_ids:
+            raise DomainError("validation_failed", "an offer id appears twice in one claim",
+                              field=f"offers[{index}].offerId")
+        if request.lease_token in seen_tokens:
+            raise DomainError("validation_failed", "a lease token appears twice in one claim",
+                              field=f"offers[{index}].leaseToken")
+        seen_ids.add(request.offer_id)
+        seen_tokens.add(request.lease_token)
+
+
+def _candidate_pages(now: datetime, wanted: int, snapshot: dict) -> Iterator[tuple[list[RunAttempt], dict[str, int]]]:
+    """Pages of claimable attempts this worker's capabilities admit, in dispatch order.
+
+    The queue is probed per placement class (``runs.selectors``): find the classes waiting (one
+    index probe each, at most 256, from a random point so that all are reached in turn), keep
+    those the snapshot matches (at most 32 per claim, sampled), and read the head of each. So a
+    claim reaches work its worker can run however much work it cannot run waits ahead — the cost
+    is a bounded number of index probes, never a scan of the backlog. Yields each page with the
+    placement score per matching class. The first page is sized for what the claim wants (a few
+    rows past the head, where concurrent claimers contend), later ones 64.
+    """
+    classes = waiting_placement_classes(start=secrets.token_hex(2))
+    if not classes:
+        return
+    texts = dict(
+        TaskRevision.objects.filter(placement_sha256__in=classes)
+        .order_by()
+        .values_list("placement_sha256", "placement")
+        .distinct()
+    )
+    scores: dict[str, int] = {}
+    for sha, text in texts.items():
+        fit = match(snapshot, parse_placement(sha, text))
+        if fit.eligible:
+            scores[sha] = fit.score
+    if not scores:
+        return
+    probed = list(scores) if len(scores) <= CLAIM_MAX_CLASSES else random.sample(list(scores), CLAIM_MAX_CLASSES)
+    cursor = None
+    size = min(QUEUE_PAGE, max(CLAIM_FIRST_PAGE, 4 * wanted))
+    for _ in range(CLAIM_MAX_PAGES):
+        page = placement_class_heads(now=now, classes=probed, size=size, after=cursor)
+        yield page, scores
+        if len(page) < size:
+            return
+        last = page[-1]
+        cursor = (last.priority, last.ready_at, last.pk)
+        size = QUEUE_PAGE
+
+
+def _claimable(attempt: RunAttempt, run: Run, now: datetime) -> bool:
+    """Whether a locked candidate may be claimed now (re-checked under its run's row lock)."""
+    return (
+        attempt.state == AttemptState.CLAIMED
+        and run.cancel_requested_at is None
+        and run.state in (RunState.QUEUED, RunState.DISPATCHING)
+        and (attempt.lease_expires_at is None or attempt.lease_expires_at <= now)
+    )
+
+
+def _replay(lease: RunDispatchLease, request: OfferRequest, session: WorkerSession, index: int,
+            now: datetime) -> Offer:
+    if (
+        not token_matches(request.lease_token, lease.token_digest, worker_id=lease.worker_id)
+        or lease.session_id != session.pk
+    ):
+        raise DomainError(
+            "lease_offer_conflict", "this offer id was claimed with another token or session",
+            field=f"offers[{index}].offerId",
+        )
+    require_active(lease, now, field=f"offers[{index}].offerId")
+    spec = execution_spec(lease.run, lease.attempt)
+    if spec_sha256(spec) != lease.spec_sha256:
+        # The pinned revision is immutable, so this cannot drift; if it ever does, fail closed.
+        raise DomainError("lease_offer_conflict", "the offer no longer rebuilds identically",
+                          field=f"offers[{index}].offerId")
+    return Offer(lease=lease, execution=spec, status="idempotent", renew_interval_seconds=renew_interval())
+
+
+def _create_lease(worker: Worker, session: WorkerSession, run: Run, attempt: RunAttempt, request: OfferRequest,
+                  now: datetime, score: int) -> Offer:
+    spec = execution_spec(run, attempt)
+    lease = RunDispatchLease.objects.create(
+        attempt=attempt,
+        run=run,
+        worker=worker,
+        session=session,
+        session_generation=session.generation,
+        lease_generation=attempt.lease_generation + 1,
+        offer_id=request.offer_id,
+        token_digest=token_digest(request.lease_token, worker_id=worker.pk),
+        expires_at=now + timedelta(seconds=protocol().dispatch_timeout_seconds),
+        spec_sha256=spec_sha256(spec),
+        claimed_at=now,
+    )
+    update_attempt(
+        attempt,
+        lease_generation=lease.lease_generation,
+        lease_expires_at=lease.expires_at,
+        worker=worker,
+        session_id=session.pk,
+    )
+    facts = {"lease_generation": lease.lease_generation, "attempt": attempt.number, "score": score}
+    if run.state == RunState.QUEUED:
+        move_run(run, RunState.DISPATCHING, actor_type=ActorType.WORKER, actor=worker.name, data=facts,
+                 placement_summary=None)
+    else:  # the same attempt, dispatched again under a new lease generation
+        bump_run(run, "run.dispatching", actor_type=ActorType.WORKER, actor=worker.name, data=facts,
+                 placement_summary=None)
+    record(
+        "lease.claimed",
+        actor_type=ActorType.WORKER,
+        actor=worker.name,
+        worker_id=worker.pk,
+        session_id=session.pk,
+        run_id=run.pk,
+        attempt_id=attempt.pk,
+        lease_id=lease.pk,
+        data={"lease_generation": lease.lease_generation},
+    )
+    return Offer(lease=lease, execution=spec, status="claimed", renew_interval_seconds=renew_interval())
+
+
+@write_path
+def lease_claim(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
+) -> list[Offer]:
+    """Atomically claim up to ``len(offers)`` runnable attempts for a worker session (worker pull).
+
+    ADR-0012 §3, SIBLINGS §5 (ADR-0108), PRODUCT invariants 4, 5, 7.
+
+    Arguments: ``worker_id`` the authenticated worker (never a body field); ``session_id`` and
+    ``generation`` its session fence; ``offers`` 1–8 worker-generated (offer id UUID, lease
+    token ≥128 bits of base64url), offer ids and tokens distinct within the request.
+
+    An offer id this worker already claimed is replayed from the durable lease when the token
+    and session match (same answer rebuilt from the pinned revision, nothing written) and is a
+    ``lease_offer_conflict`` otherwise. New offers are filled from the dispatch queue (priority,
+    FIFO, id; keyset pages — the first of 16 (4 per wanted offer, up to 64), then of 64, at most
+    4 pages) with attempts whose pinned placement the session's
+    capabilities satisfy, never more than the session's free capacity (min(max concurrency,
+    available slots) − active leases, counted under the worker lock). Candidate hits are never
+    claims: one statement per page locks the runs of the next eligible candidates in queue order
+    (``FOR UPDATE OF run SKIP LOCKED``, each only while its run is at the version the page saw, so
+    a run another claimer holds or changed is passed over, never waited for), and each attempt is
+    re-checked under its run's lock.
+
+    Locks: the worker row (waits up to PostgreSQL ``lock_timeout``), then each candidate's run row.
+    Writes per claim: a lease (token digest only, lease generation + 1, expiry = DB now +
+    dispatch timeout), the attempt's fence projection (the attempt stays ``claimed``), run →
+    ``dispatching`` (or a ``run.dispatching`` fact for a re-dispatch), ``lease.claimed``. An
+    unstarted attempt whose lease lapsed is first settled (``dispatch_timeout``) and taken over
+    under a new lease generation. Returns the offers (replays first); ``[]`` means no work.
+
+    Raises: ``validation_failed`` (offers shape), fence codes (``session_draining`` unless every
+    offer is a replay), ``capacity_exhausted``, ``lease_offer_conflict``, ``lease_released``/
+    ``lease_completed``/``lease_expired`` (a replayed offer whose lease ended), ``lock_timeout``.
+    """
+    _check_offers(offers)
+    fenced = lock_and_fence(
+        worker_id=worker_id, session_id=session_id, generation=generation, expected_version=None,
+        purpose=Purpose.LEASE,
+    )
+    worker, session, now = fenced.worker, fenced.session, fenced.now
+    answered: list[Offer] = []
+    fresh: list[tuple[int, OfferRequest]] = []
+    for index, request in enumerate(offers):
+        # One read finds both a replay (this offer id) and a reused token (this digest; digests
+        # are bound to the worker, so only this worker's leases can match).
+        digest = token_digest(request.lease_token, worker_id=worker.pk)
+        seen = list(
+            RunDispatchLease.objects.select_related("run__revision", "attempt")
+            .filter(Q(offer_id=request.offer_id) | Q(token_digest=digest), worker_id=worker.pk)[:2]
+        )
+        existing = next((lease for lease in seen if lease.offer_id == request.offer_id), None)
+        if existing is not None:
+            answered.append(_replay(existing, request, session, index, now))
+        elif seen:
+            raise DomainError(
+                "lease_offer_conflict", "this lease token was already used", field=f"offers[{index}].leaseToken"
+            )
+        else:
+            fresh.append((index, request))
+    if not fresh:
+        return answered
+    if session.state == SessionState.DRAINING:
+        if answered:
+            return answered
+        raise DomainError("session_draining", "the session is draining and takes no new runs", field="sessionId")
+    active = RunDispatchLease.objects.filter(session_id=session.pk, state=LeaseState.LEASED).count()
+    free = min(session.max_concurrent_runs, session.available_slots) - active
+    if free <= 0:
+        if answered:
+            return answered
+        raise DomainError(
+            "capacity_exhausted",
+            f"the session holds {active} active lease(s) of {min(session.max_concurrent_runs, session.available_slots)}",
+            details={"activeLeases": active},
+        )
+
+    snapshot = parse_capabilities(session.capabilities_sha256, session.capabilities)
+    ranking = ClaimRanking(worker, free, now)
+    requests = iter(fresh)
+    wanted = min(free, len(fresh))
+    claimed: list[Offer] = []
+    for page, class_scores in _candidate_pages(now, wanted, snapshot):
+        eligible: list[RunAttempt] = []
+        scores: dict[uuid.UUID, int] = {}
+        for attempt in page:
+            revision = attempt.run.revision
+            score = class_scores[attempt.placement_sha256]
+            placement = parse_placement(revision.placement_sha256, revision.placement)
+            if ranking.defer(attempt, revision.placement_sha256, placement, score):
+                continue
+            eligible.append(attempt)
+            scores[attempt.pk] = score
+        while eligible and len(claimed) < wanted:
+            # One statement locks the next claimable runs in queue order, passing over any that
+            # another claimer holds or changed since the page was read (never waiting for it).
+            locked = lock_candidates(eligible, limit=wanted - len(claimed))
+            if not locked:
+                break
+            for attempt in locked:  # whole rows, read under the run lock
+                run = attempt.run
+                if not _claimable(attempt, run, now):
+                    continue
+                if attempt.lease_expires_at is not None:  # an unstarted lease lapsed: take it over
+                    lapsed = RunDispatchLease.objects.filter(attempt_id=attempt.pk, state=LeaseState.LEASED).first()
+                    if lapsed is not None:
+                        settle_lease(lapsed, reason=ReleaseReason.DISPATCH_TIMEOUT, now=now,
+                                     actor_type=ActorType.RECONCILER, expired_only=True)
+                        attempt.refresh_from_db()
+                        run.refresh_from_db()
+                        if not _claimable(attempt, run, now):
+                            continue
+                _, request = next(requests)
+                claimed.append(_create_lease(worker, session, run, attempt, request, now, scores[attempt.pk]))
+                ranking.claimed_one()
+            # Candidates up to the last locked one were locked (and tried) or passed over: go on after it.
+            last = next(i for i, a in enumerate(eligible) if a.pk == locked[-1].pk)
+            eligible = eligible[last + 1:]
+        if len(claimed) == wanted:
+            break
+    return answered + claimed

@@ -1,0 +1,85 @@
+"""Renew and release an existing run lease (ADR-0012 §3; ``docs/leases.md`` Renew and release).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from audit.models import ActorType
+from core.conf import protocol
+from core.db import write_path
+from core.errors import DomainError
+from leases.fence import (
+    AckResult,
+    check_lease_version,
+    fence_lease,
+    lease_cas,
+    renew_interval,
+    require_active,
+)
+from leases.models import ReleaseReason
+from leases.settlement import settle_lease
+from runs.states import AttemptState
+from runs.transitions import update_attempt
+
+
+@write_path
+def lease_renew(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
+    lease_token: str, lease_version: int,
+) -> AckResult:
+    """Extend a started attempt's lease (ADR-0012 §3, SIBLINGS §6 "Renew CASes lease version and projection").
+
+    Arguments: the session fence, the lease fence and ``lease_version`` (the version the worker
+    holds, ≥ 0). Locks worker, then run. Writes: a compare-and-swap on (lease state, version,
+    expiry) setting expiry = DB now + ``RUN_LEASE_SECONDS`` and version + 1, and the attempt's
+    expiry projection. Answers the new version and expiry and whether the run has a cancellation
+    request (the worker then kills the process group and completes ``cancelled``). Renewing an
+    unstarted lease is ``attempt_not_started`` (the dispatch timeout bounds that phase); a lapsed
+    lease cannot be renewed (``lease_expired``, ``lease_released`` once swept).
+
+    Raises: fence codes, ``lease_version_conflict``, ``lease_expired``, ``lease_released``,
+    ``lease_completed``, ``attempt_not_started``, ``lock_timeout``.
+    """
+    ctx = fence_lease(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
+                 lease_generation=lease_generation, lease_token=lease_token)
+    lease = ctx.lease
+    require_active(lease, ctx.now)
+    check_lease_version(lease, lease_version)
+    if ctx.attempt.state not in (AttemptState.STARTING, AttemptState.RUNNING):
+        raise DomainError("attempt_not_started", "send the starting ACK first", field="attemptId")
+    expires = ctx.now + timedelta(seconds=protocol().run_lease_seconds)
+    lease_cas(lease, "the renewal", bump=True, expires_at=expires)
+    update_attempt(ctx.attempt, lease_expires_at=expires)
+    lease.expires_at, lease.version = expires, lease_version + 1
+    return AckResult("renewed", lease, ctx.run.cancel_requested_at is not None, renew_interval())
+
+
+@write_path
+def lease_release(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
+    lease_token: str, lease_version: int,
+) -> AckResult:
+    """Hand back an attempt that has not started (ADR-0012 §3); it returns to the queue.
+
+    Arguments: the session fence, the lease fence and ``lease_version``. Locks worker, then run.
+    Writes: lease ``released`` (``worker_release``, version + 1), the attempt's projection cleared
+    (it stays ``claimed`` under the same number and queue position — a release consumes no try),
+    ``lease.released``; if the run has a cancellation request the attempt and run are cancelled
+    instead. The next claim of the attempt uses a new lease generation.
+
+    Raises: fence codes, ``lease_version_conflict``, ``lease_expired``, ``lease_released``,
+    ``lease_completed``, ``attempt_already_started``, ``lock_timeout``.
+    """
+    ctx = fence_lease(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
+                 lease_generation=lease_generation, lease_token=lease_token)
+    require_active(ctx.lease, ctx.now)
+    check_lease_version(ctx.lease, lease_version)
+    if ctx.attempt.state != AttemptState.CLAIMED:
+        raise DomainError("attempt_already_started", "a started attempt cannot be released", field="attemptId")
+    if not settle_lease(ctx.lease, reason=ReleaseReason.WORKER_RELEASE, now=ctx.now, actor_type=ActorType.WORKER,
+                        actor=ctx.worker.name, observed_version=lease_version):
+        raise DomainError("lease_version_conflict", "the lease changed under the release", field="leaseVersion")
+    ctx.lease.refresh_from_db()
+    return AckResult("released", ctx.lease, ctx.run.cancel_requested_at is not None, renew_interval())

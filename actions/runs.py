@@ -1,0 +1,166 @@
+"""Run write paths: enqueue, cancel, retry scheduling (``docs/leases.md`` Cancellation and Lost and retry).
+
+
+One public function per write path, each one transaction (``core.db.write_path``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from audit.models import ActorType
+from audit.recorder import record
+from core.conf import protocol
+from core.db import db_now, write_path
+from core.errors import DomainError
+from leases.settlement import release_expired_lease_of
+from runs.locks import lock_run
+from runs.models import Run, RunAttempt, TaskRevision
+from runs.states import ATTEMPT_LIVE, RUN_TERMINAL, AttemptState, RunState
+from runs.transitions import bump_run, move_attempt, move_run
+
+log = logging.getLogger(__name__)
+
+
+def _actor(user) -> str:
+    return getattr(user, "username", "") or ""
+
+
+def _new_attempt(run: Run, number: int, now: datetime, actor_type: str, actor: str) -> RunAttempt:
+    attempt = RunAttempt.objects.create(
+        run=run, number=number, state=AttemptState.CLAIMED, priority=run.priority, ready_at=now, created_at=now,
+        placement_sha256=run.revision.placement_sha256,
+    )
+    record(
+        "attempt.claimed",
+        actor_type=actor_type,
+        actor=actor,
+        run_id=run.pk,
+        attempt_id=attempt.pk,
+        data={"number": number},
+    )
+    return attempt
+
+
+@write_path
+def run_enqueue(
+    *, revision_id: uuid.UUID, priority: int = 0, actor_type: str = ActorType.OPERATOR, actor: str = ""
+) -> Run:
+    """Create a run pinned to ``revision_id`` and queue its first attempt (one transaction).
+
+    ``priority`` −100…100, higher first. Writes the run (created → queued), attempt 1
+    (``claimed``: owned by the queue, awaiting a lease) and the events ``run.created``,
+    ``run.queued``, ``attempt.claimed``. Raises ``revision_not_found``, ``validation_failed``.
+    """
+    if not -100 <= priority <= 100:
+        raise DomainError("validation_failed", "must be between -100 and 100", field="priority")
+    revision = TaskRevision.objects.filter(pk=revision_id).first()
+    if revision is None:
+        raise DomainError("revision_not_found", "no such task revision", field="revisionId")
+    now = db_now()
+    run = Run.objects.create(
+        task_id=revision.task_id, revision=revision, priority=priority, created_at=now, created_by=actor[:150]
+    )
+    record("run.created", actor_type=actor_type, actor=actor, run_id=run.pk, run_sequence=0)
+    move_run(run, RunState.QUEUED, actor_type=actor_type, actor=actor, attempt_count=1)
+    _new_attempt(run, 1, now, actor_type, actor)
+    return run
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    run: Run
+    #: "requested" (intent recorded now), "already_requested" or "already_terminal".
+    status: str
+
+
+@write_path
+def run_cancel(*, run_id: uuid.UUID, reason: str = "", actor_type: str = ActorType.OPERATOR,
+               actor: str = "") -> CancelResult:
+    """Record a durable cancellation request for a run (SIBLINGS §2).
+
+    The first request sets ``cancel_requested_at`` and appends ``run.cancel_requested``. An attempt
+    that holds no active lease (queued, retry wait) is cancelled at once with its run. A leased
+    attempt learns of it from its next renew/heartbeat/ACK answer; its worker stops the process
+    and completes ``cancelled``. If that worker vanishes, lease settlement cancels instead of
+    retrying. No new attempt is ever created for a cancel-requested run.
+
+    Locks: the run row. Writes (first request only): ``cancel_requested_at`` = DB now, the
+    reason, version + 1, ``run.cancel_requested``; for an unleased attempt also attempt and run
+    ``cancelled`` with their events (a lapsed, unswept lease of it is released ``cancelled``).
+    Returns the run and ``requested``/``already_requested``/``already_terminal``.
+    Raises ``run_not_found``, ``validation_failed`` (reason over 200 characters).
+    """
+    if len(reason) > 200:
+        raise DomainError("validation_failed", "at most 200 characters", field="reason")
+    run = lock_run(run_id)
+    if run.state in RUN_TERMINAL:
+        return CancelResult(run, "already_terminal")
+    if run.cancel_requested_at is not None:
+        return CancelResult(run, "already_requested")
+    now = db_now()
+    bump_run(
+        run, "run.cancel_requested", actor_type=actor_type, actor=actor, cancel_requested_at=now,
+        cancel_reason=reason,
+    )
+    live = RunAttempt.objects.filter(run=run, state__in=ATTEMPT_LIVE).first()
+    unleased = live is not None and live.state == AttemptState.CLAIMED and (
+        live.lease_expires_at is None or live.lease_expires_at <= now
+    )
+    if live is None or unleased:
+
+
+        if live is not None:
+            release_expired_lease_of(live, now=now, actor_type=actor_type, actor=actor)
+            move_attempt(live, AttemptState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
+                         outcome_reason="cancelled_by_user")
+        move_run(run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
+                 next_attempt_at=None, error_class="cancelled_by_user")
+    return CancelResult(run, "requested")
+
+
+@write_path
+def run_requeue(*, run_id: uuid.UUID) -> Run | None:
+    """When a ``retry_wait`` run is due: queue it with attempt N+1 (SIBLINGS §1 transaction 2).
+
+    All or nothing: run → queued, ``attempt_count`` + 1, a new ``claimed`` attempt (which shares
+    no worker, session, lease or handle with earlier ones), ``run.queued`` + ``attempt.claimed``.
+    A run whose cancellation was requested meanwhile is cancelled instead. Locks: the run row;
+    due-ness is re-checked against the DB clock after the lock. Returns None (writes nothing)
+    if the run is not due or no longer waiting.
+    """
+    run = lock_run(run_id)
+    now = db_now()
+    if run.state != RunState.RETRY_WAIT or run.next_attempt_at is None or run.next_attempt_at > now:
+        return None
+    if run.cancel_requested_at is not None:
+        return move_run(run, RunState.CANCELLED, actor_type=ActorType.RECONCILER, finished_at=now,
+                        next_attempt_at=None, error_class="cancelled_by_user")
+    number = run.attempt_count + 1
+    move_run(run, RunState.QUEUED, actor_type=ActorType.RECONCILER, attempt_count=number, next_attempt_at=None)
+    _new_attempt(run, number, now, ActorType.RECONCILER, "")
+    return run
+
+
+def sweep_due_retries(*, batch: int | None = None) -> int:
+    """Requeue up to ``batch`` (default ``SWEEP_BATCH``) due ``retry_wait`` runs, one transaction
+    each, oldest due first (partial index ``run_retry_due``); return how many were queued. Safe
+    with several sweepers: each requeue re-checks under the run lock."""
+    now = db_now()
+    due = list(
+        Run.objects.filter(state=RunState.RETRY_WAIT, next_attempt_at__lte=now)
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[: batch or protocol().sweep_batch]
+    )
+    queued = 0
+    for run_id in due:
+        try:
+            queued += run_requeue(run_id=run_id) is not None
+        except DomainError as exc:
+            if exc.code not in ("lock_timeout", "storage_busy"):
+                raise
+            log.warning("run %s not requeued this cycle: %s", run_id, exc.code)  # the next cycle retries
+    return queued

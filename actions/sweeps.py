@@ -1,0 +1,76 @@
+"""One dispatch/sweep cycle: the periodic work of the control plane (ADR-0012 §3, §4).
+
+Called by Celery beat (``qinglong.tasks.sweep_cycle``, cluster profile), by ``manage.py sweep``
+and by the in-process loop of ``manage.py serve`` (standalone profile). Every step is a bounded
+batch of single-item transactions whose writes re-check their preconditions, so any number of
+cycles may run at once on any number of replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from django.db import close_old_connections
+
+from actions.leases.expiry import sweep_expired_leases
+from actions.placement import refresh_placement_summaries
+from actions.runs import sweep_due_retries
+from actions.sessions.expiry import sweep_expired_sessions
+from core.errors import DomainError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    sessions_expired: int
+    leases_settled: int
+    retries_queued: int
+    summaries_changed: int
+
+    def any(self) -> bool:
+        return any(asdict(self).values())
+
+
+def _step(name: str, sweep: Callable[[], int]) -> int:
+    """One step of the cycle; a transient refusal (lock timeout, busy store) skips only this step."""
+    try:
+        return sweep()
+    except DomainError as exc:
+        if exc.code not in ("lock_timeout", "storage_busy"):
+            raise
+        log.warning("sweep step %s skipped this cycle: %s", name, exc.code)
+        return 0
+
+
+def run_cycle() -> CycleReport:
+    """Expire lapsed sessions, settle lapsed leases, queue due retries, refresh pending summaries.
+
+    Each step is a bounded batch of single-item transactions (``QINGLONG_SWEEP_BATCH``) whose
+    writes re-check their preconditions in their own ``UPDATE … WHERE``; a step that meets a lock
+    timeout leaves its work for the next cycle without stopping the other steps. Returns counts.
+    """
+    report = CycleReport(
+        sessions_expired=_step("sessions", sweep_expired_sessions),
+        leases_settled=_step("leases", sweep_expired_leases),
+        retries_queued=_step("retries", sweep_due_retries),
+        summaries_changed=_step("summaries", refresh_placement_summaries),
+    )
+    if report.any():
+        log.info("sweep cycle: %s", asdict(report))
+    return report
+
+
+def loop(stop: threading.Event, interval_seconds: float) -> None:
+    """Run cycles every ``interval_seconds`` until ``stop`` is set (one thread, no overlap)."""
+    while not stop.is_set():
+        try:
+            run_cycle()
+        except Exception:  # keep sweeping: one bad cycle must not stop lease expiry for good
+            log.exception("sweep cycle failed")
+        finally:
+            close_old_connections()
+        stop.wait(interval_seconds)

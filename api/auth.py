@@ -1,0 +1,140 @@
+"""Worker authentication: RFC 9421 signatures → ``WorkerPrincipal`` (ADR-0012 §1).
+
+``WorkerSignatureAuthentication`` is the only way into the worker API. It verifies the request
+against the signing profile (``protocol.signing``), using the *server's* clock for the
+``created`` window, resolves the ``keyid`` to a credential (``workers.principals``: active, or
+rotated and inside its grace period), and accepts each nonce once (:func:`nonce_accept`).
+
+Nonces live in the Django cache: ``cache.add()`` is atomic, so of two requests carrying one
+nonce exactly one wins. The cluster profile's cache is Redis, shared by every replica; the
+standalone profile's is the memory of its single process. A per-process store forgets
+everything on restart, so in that profile a request signed before this process started is
+refused with ``signature_predates_restart`` (503: the agent signs again) instead of trusting a
+store that never saw its nonce.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+from django.core.cache import cache
+from rest_framework.authentication import BaseAuthentication
+
+from api.ratelimit import by_address, client_address, enforce
+from core.conf import protocol
+from core.errors import DomainError
+from protocol.errors import ProtocolError
+from protocol.signing import SignedRequest, verify_request
+from workers.nonces import ProcessNonceStore
+from workers.principals import WorkerPrincipal, cache_is_shared, resolve_credential, trusted_key
+
+log = logging.getLogger("qinglong.auth")
+
+_NONCE_KEY = "worker-nonce:{}:{}"
+
+#: Wall-clock second this process started (read from settings, which load first thing). A
+#: per-process nonce store knows nothing older.
+PROCESS_STARTED = int(getattr(settings, "QINGLONG_PROCESS_STARTED", time.time()))
+#: The standalone profile's replay memory (see workers.nonces); unused with a shared cache.
+PROCESS_NONCES = ProcessNonceStore(capacity=int(settings.QINGLONG.get("NONCE_STORE_CAPACITY", 100_000)))
+
+
+# --- nonces ------------------------------------------------------------------------------------------
+
+
+def nonce_accept(*, key_id: str, nonce: str, created: int, window_seconds: int) -> None:
+    """Accept one (keyid, nonce) pair once within the signature window (ADR-0012 §1 replay limits).
+
+    ``created``: the signature's creation time (unix seconds, already checked against the
+    window); ``window_seconds``: ``SIGNATURE_WINDOW_SECONDS``. The nonce is kept for twice the
+    window, longer than any signature carrying it can be fresh. ``cache.add`` is atomic (Redis
+    ``SET NX`` in the cluster profile, a locked dict in the standalone process), so two replicas
+    or threads racing with one nonce see exactly one success.
+
+    The standalone profile keeps nonces in this process (``workers.nonces``, exact until expiry,
+    failing closed when full) and so knows nothing from before it started: a request may have
+    been received earlier only if it was created no later than start + the allowed future skew, and
+    such a request is refused as ``signature_predates_restart`` (503, retryable: sign again).
+
+    Raises ProtocolError ``signature_replayed``; DomainError ``signature_predates_restart``, or
+    ``storage_busy`` when the in-process store is full of unexpired nonces.
+    """
+    key = _NONCE_KEY.format(key_id, nonce)
+    if cache_is_shared():
+        accepted = cache.add(key, 1, timeout=2 * window_seconds)
+    else:
+        # created is a whole second; P = floor(start). A request received before the start was
+        # signed at most `skew` ahead of a moment before it: created <= P + skew.
+        if created <= PROCESS_STARTED + protocol().signature_future_skew_seconds:
+            raise DomainError(
+                "signature_predates_restart",
+                "the request was signed before the control plane restarted; sign it again",
+                retry_after=1,
+            )
+        accepted = PROCESS_NONCES.add(key, 2 * window_seconds)
+    if not accepted:
+        raise ProtocolError("signature_replayed", "this signature nonce was already used")
+
+
+# --- the DRF authentication class ------------------------------------------------------------------
+
+
+class WorkerSignatureAuthentication(BaseAuthentication):
+    """DRF authentication for worker endpoints. Sets ``request.user`` to a ``WorkerPrincipal``.
+
+    Raises ProtocolError (mapped to 401 by the API exception handler) with ``signature_missing``,
+    ``signature_malformed``, ``signature_stale``, ``credential_unknown``, ``credential_revoked``,
+    ``credential_expired``, ``content_digest_mismatch``, ``signature_path_mismatch``,
+    ``signature_invalid`` or ``signature_replayed``; DomainError ``signature_predates_restart``
+    (503) and ``rate_limited`` (429) instead of the failure once a client address has failed
+    authentication more than ``RATE_AUTH_FAILURES`` times. Only failing requests are counted and
+    limited: a correctly signed request is never refused by this limit, so a forger sharing a
+    worker's address (NAT, same host) cannot lock it out.
+    """
+
+    def authenticate(self, request) -> tuple[WorkerPrincipal, SignedRequest]:
+        raw = request._request
+        limit = {"group": "worker-auth-failures", "key": by_address, "rate": protocol().rate_auth_failures,
+                 "message": "too many failed worker authentications from this address"}
+        # Only failures count, and only a failing request is answered 429: a correctly signed
+        # request always passes, so a forger sharing a worker's address cannot lock it out.
+        try:
+            return self._authenticate(raw)
+        except (ProtocolError, DomainError) as exc:
+            log.warning("worker request refused: %s (%s %s from %s)", exc.code, raw.method, raw.path,
+                        client_address(raw))
+            if exc.code != "signature_predates_restart":
+                enforce(raw, **limit)  # counts this failure; the next over the limit gets 429
+            raise
+
+    def _authenticate(self, raw) -> tuple[WorkerPrincipal, SignedRequest]:
+        now = time.time()
+        window = protocol().signature_window_seconds
+        resolved: dict[str, WorkerPrincipal] = {}
+
+        def resolve_key(key_id: str):
+            resolved["principal"], public_key = resolve_credential(key_id, now=now)
+            try:
+                return trusted_key(public_key)
+            except ProtocolError:  # stored before keys were vetted: never trust it
+                raise ProtocolError("signature_invalid", "the credential's public key is not usable") from None
+
+        signed = verify_request(
+            method=raw.method,
+            path=raw.get_full_path(),
+            headers=raw.headers,
+            body=raw.body,
+            now=now,
+            window_seconds=window,
+            future_skew_seconds=protocol().signature_future_skew_seconds,
+            resolve_key=resolve_key,
+        )
+        # Remember the nonce only after the signature verified, so forged requests cannot burn
+        # a worker's nonces.
+        nonce_accept(key_id=signed.key_id, nonce=signed.nonce, created=signed.created, window_seconds=window)
+        return resolved["principal"], signed
+
+    def authenticate_header(self, request) -> str:
+        return 'Signature realm="qinglong-worker", alg="ed25519"'

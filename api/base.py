@@ -1,0 +1,179 @@
+"""Base classes for the two APIs: strict serializers, the worker view, the operator view.
+
+Worker views (``WorkerAPIView``) authenticate only by RFC 9421 signature, are rate limited per
+principal, and refuse a body or path worker id or session id that belongs to another worker
+*before any repository access* (ADR-0012 §1) — the check runs in ``initial()``, right after
+authentication and before the handler, on cached facts only when the caches are warm.
+Operator views (``OperatorAPIView``) take staff token or session authentication and refuse any
+request carrying a worker signature, so a worker credential can never reach them.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from rest_framework import serializers
+from rest_framework.authentication import BaseAuthentication, SessionAuthentication, TokenAuthentication
+from rest_framework.permissions import BasePermission, IsAdminUser
+from rest_framework.views import APIView
+
+from api.auth import WorkerSignatureAuthentication
+from api.ratelimit import enforce
+from core.conf import protocol
+from core.errors import DomainError
+from protocol.wire import DEFAULT_BODY_LIMIT
+from workers.principals import WorkerPrincipal, session_owner
+
+#: Where a request may name a worker or a session: body keys and URL keyword arguments.
+WORKER_FIELDS = (("body", "workerId"), ("path", "worker_id"))
+SESSION_FIELDS = (("body", "sessionId"), ("path", "session_id"))
+
+
+class StrictSerializer(serializers.Serializer):
+    """A serializer that refuses unknown keys (naming the first) instead of ignoring them."""
+
+    #: Read by ``api.schema``: request bodies of this serializer forbid additional properties.
+    refuses_unknown_fields = True
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({unknown[0]: ["unknown field"]})
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """An integer that must be a JSON integer: no strings, floats or booleans."""
+
+    def to_internal_value(self, data):
+        if type(data) is not int:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictCharField(serializers.CharField):
+    """A string that must be a JSON string (DRF would otherwise turn numbers into text), taken as
+    sent: surrounding whitespace is not silently trimmed (``"ab\n"`` is not ``"ab"``); a field
+    whose format forbids it refuses it by its own validation."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID that must be a JSON string (DRF would turn the number 7 into UUID(int=7))."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class IsWorker(BasePermission):
+    """Only a request authenticated as a worker (``WorkerPrincipal``) passes."""
+
+    def has_permission(self, request, view) -> bool:
+        return isinstance(request.user, WorkerPrincipal)
+
+
+def _as_uuid(value: object) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except (TypeError, ValueError, AttributeError):
+        return None  # not an id at all: the serializer refuses it, naming the field
+
+
+def _claims(request, kwargs: dict, fields: tuple[tuple[str, str], ...]):
+    data = request.data if isinstance(request.data, dict) else {}
+    for where, name in fields:
+        value = data.get(name) if where == "body" else kwargs.get(name)
+        if value is not None:
+            yield name, value
+
+
+def check_principal_binding(principal: WorkerPrincipal, request, kwargs: dict) -> None:
+    """Refuse a request naming another worker's id or session (ADR-0012 §1, PRODUCT invariant 1).
+
+    ``request``: the DRF request (its body is parsed here); ``kwargs``: the URL's keyword
+    arguments. A ``workerId``/``worker_id`` that is a UUID other than the principal's, or a
+    ``sessionId``/``session_id`` registered by another worker, raises DomainError
+    ``principal_mismatch`` (403) naming the field. Runs before the handler touches any
+    repository; with warm caches it runs no query at all (``workers.principals.session_owner``).
+    Values that are not UUIDs pass through to the serializer, which refuses them by field.
+    """
+    for name, value in _claims(request, kwargs, WORKER_FIELDS):
+        claimed = _as_uuid(value)
+        if claimed is not None and claimed != principal.worker_id:
+            raise DomainError("principal_mismatch", f"{name} is not the authenticated worker", field=name)
+    for name, value in _claims(request, kwargs, SESSION_FIELDS):
+        owner = session_owner(value)
+        if owner is not None and owner != str(principal.worker_id):
+            raise DomainError("principal_mismatch", f"{name} belongs to another worker", field=name)
+
+
+class WorkerAPIView(APIView):
+    """Base for worker endpoints (ADR-0012 §1): signed, rate limited, principal-bound.
+
+    Order of a request: URL → body size (``BodyLimitMiddleware``, 413) → signature, clock
+    window, credential, digest, nonce (401) → per-principal rate limit (429) → strict JSON
+    parse (400) → principal binding (403) → the handler and its repository access.
+    """
+
+    authentication_classes = [WorkerSignatureAuthentication]
+    permission_classes = [IsWorker]
+    error_table = "worker"  # the error answers api.schema documents
+    max_body_bytes = DEFAULT_BODY_LIMIT
+    max_json_depth = 4
+    http_method_names = ["post", "options"]
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        principal: WorkerPrincipal = request.user
+        enforce(request, group="worker-api", key=lambda group, req: str(principal.worker_id),
+                rate=protocol().rate_worker, message="too many requests from this worker")
+        check_principal_binding(principal, request, kwargs)
+
+    @property
+    def principal(self) -> WorkerPrincipal:
+        return self.request.user
+
+
+class RefuseWorkerSignature(BaseAuthentication):
+    """Operator endpoints: a request signed as a worker is refused outright (403).
+
+    It is the first authenticator of every operator view, so a worker signature is refused even
+    next to a valid staff token: a worker credential never reaches an operator endpoint.
+    """
+
+    def authenticate(self, request):
+        headers = request._request.headers
+        if "Signature-Input" in headers or "Signature" in headers:
+            raise DomainError("worker_credential_forbidden", "worker credentials cannot reach operator endpoints")
+        return None
+
+    def authenticate_header(self, request) -> str:
+        return 'Token realm="qinglong-operator"'
+
+
+class OperatorAPIView(APIView):
+    """Base for operator endpoints: staff users by token (``Authorization: Token …``) or session."""
+
+    authentication_classes = [RefuseWorkerSignature, TokenAuthentication, SessionAuthentication]
+    permission_classes = [IsAdminUser]
+    error_table = "operator"  # the error answers api.schema documents
+    max_body_bytes = 96 * 1024
+    max_json_depth = 8

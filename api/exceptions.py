@@ -1,0 +1,130 @@
+"""The one place errors become HTTP: ``{"code", "message", "field"}`` with a catalogued status.
+
+Domain errors (``core.errors.DomainError``) and protocol errors (``protocol.errors``) carry
+their code; DRF's own exceptions are mapped onto catalogue codes; a serializer's errors become
+``validation_failed`` naming the first offending field as a path (``offers[0].leaseToken``).
+Anything else is a bug: it is logged and answered 500 by Django, never dressed up as a 4xx.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import DisallowedHost
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+from core.errors import CATALOGUE, DomainError
+from protocol.errors import ProtocolError
+
+log = logging.getLogger("api")
+
+_DRF_CODES: list[tuple[type[drf.APIException], str]] = [
+    (drf.NotAuthenticated, "not_authenticated"),
+    (drf.AuthenticationFailed, "not_authenticated"),
+    (drf.PermissionDenied, "permission_denied"),
+    (drf.NotFound, "not_found"),
+    (drf.MethodNotAllowed, "method_not_allowed"),
+    (drf.UnsupportedMediaType, "unsupported_media_type"),
+    (drf.ParseError, "json_malformed"),
+    (drf.Throttled, "rate_limited"),
+]
+
+
+def first_error(detail: Any, path: str = "") -> tuple[str, str]:
+    """Walk DRF's nested error detail to the first leaf: (field path, message).
+
+    Paths use the protocol's spelling: ``offers[0].leaseToken``, ``retry.retryOn[1]`` (DRF keys
+    list items by integer in some errors and by position in others; both become ``[i]``).
+    """
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            if key in ("non_field_errors", "__all__"):
+                return first_error(value, path)
+            if isinstance(key, int):
+                return first_error(value, f"{path}[{key}]")
+            child = f"{path}.{key}" if path else str(key)
+            return first_error(value, child)
+        return path, "invalid"
+    if isinstance(detail, list):
+        for index, value in enumerate(detail):
+            if isinstance(value, dict | list) and value:
+                return first_error(value, f"{path}[{index}]")
+            if not isinstance(value, dict | list):
+                return path, str(value)
+        return path, "invalid"
+    return path, str(detail)
+
+
+def _response(code: str, message: str, field: str | None, *, details: dict | None = None,
+              retry_after: int | None = None) -> Response:
+    body: dict[str, Any] = {"code": code, "message": message, "field": field or None}
+    if details:
+        body["details"] = details
+    response = Response(body, status=CATALOGUE[code].status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF ``EXCEPTION_HANDLER``: map every expected error to a catalogued JSON answer."""
+    response = _handle(exc)
+    if response is not None and response.status_code >= 500:
+        # A catalogued 503 is an expected, retryable refusal, not a bug: not Django's ERROR for a
+        # 5xx. Contention (storage busy, lock timeout) is a warning; a request signed before this
+        # process started is part of every restart (the agent signs again): information.
+        request = context.get("request")
+        level = logging.INFO if response.data["code"] == "signature_predates_restart" else logging.WARNING
+        log.log(level, "%s %s: %s %s", getattr(request, "path", "?"), response.status_code,
+                response.data["code"], response.data["message"])
+        response._has_been_logged = True  # django.utils.log.log_response: do not log it again
+    if response is not None and response.status_code == 401:
+        view, request = context.get("view"), context.get("request")
+        header = view.get_authenticate_header(request) if view is not None and request is not None else None
+        if header:
+            response["WWW-Authenticate"] = header
+    return response
+
+
+def _handle(exc: Exception) -> Response | None:
+    if isinstance(exc, DomainError):
+        return _response(exc.code, exc.message, exc.field, details=exc.details, retry_after=exc.retry_after)
+    if isinstance(exc, ProtocolError):
+        return _response(exc.code, exc.message, exc.field)
+    if isinstance(exc, drf.ValidationError):
+        field, message = first_error(exc.detail)
+        # An error about the document itself (a list where an object belongs) names the body.
+        return _response("validation_failed", message, field or "body")
+    if isinstance(exc, drf.APIException):
+        for exc_type, code in _DRF_CODES:
+            if isinstance(exc, exc_type):
+                retry = getattr(exc, "wait", None)
+                return _response(code, str(exc.detail), None, retry_after=int(retry) + 1 if retry else None)
+        return Response({"code": "validation_failed", "message": str(exc.detail), "field": None},
+                        status=exc.status_code)
+    return None
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """``handler404``: API clients get the JSON error body; the admin keeps Django's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"code": "not_found", "message": "no such endpoint", "field": None}, status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """``handler400``: what Django refuses before any view runs (a ``Host`` header outside
+    ``ALLOWED_HOSTS``, another ``SuspiciousOperation``). API clients get the JSON error body
+    (``host_not_allowed`` naming ``Host``, or ``request_rejected``); the admin keeps Django's page."""
+    if isinstance(exception, DisallowedHost):
+        log.warning("refused a request for %s: %s", request.path, exception)  # one line (see LOGGING)
+        code, field = "host_not_allowed", "Host"
+    else:
+        code, field = "request_rejected", None
+    if not request.path.startswith("/api/"):
+        return defaults.bad_request(request, exception)
+    return JsonResponse({"code": code, "message": CATALOGUE[code].meaning, "field": field}, status=400)

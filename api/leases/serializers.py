@@ -1,0 +1,136 @@
+"""Wire shapes of the run lease endpoints (claim, ACKs, renew, release, complete)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from actions.leases.activation import START_FAILURES
+from actions.leases.completion import OUTCOMES
+from api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
+from api.workers.serializers import FenceSerializer
+from leases.offers import Offer
+from leases.tokens import TOKEN
+from protocol.wire import MAX_OFFERS_PER_CLAIM, OUTPUT_TAIL_BYTES
+
+
+class LeaseTokenField(StrictCharField):
+    """A worker-generated fencing token: base64url, 22–128 characters (≥128 bits)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(min_length=22, max_length=128, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if not TOKEN.match(value):
+            raise serializers.ValidationError("must be base64url of at least 128 bits")
+        return value
+
+
+class OfferRequestSerializer(StrictSerializer):
+    offerId = StrictUUIDField()
+    leaseToken = LeaseTokenField()
+
+
+class ClaimSerializer(FenceSerializer):
+    offers = OfferRequestSerializer(many=True, min_length=1, max_length=MAX_OFFERS_PER_CLAIM)
+
+
+#: Lease generations and versions are stored as 32-bit integers; a larger number names no lease.
+MAX_COUNTER = 2**31 - 1
+
+
+class LeaseFenceSerializer(FenceSerializer):
+    attemptId = StrictUUIDField()
+    leaseGeneration = StrictIntegerField(min_value=1, max_value=MAX_COUNTER)
+    leaseToken = LeaseTokenField()
+
+
+class VersionedLeaseSerializer(LeaseFenceSerializer):
+    leaseVersion = StrictIntegerField(min_value=0, max_value=MAX_COUNTER)
+
+
+class AckSerializer(VersionedLeaseSerializer):
+    offerId = StrictUUIDField()
+
+
+class RunningAckSerializer(AckSerializer):
+    pid = StrictIntegerField(min_value=1, max_value=2**31 - 1)
+    pgid = StrictIntegerField(min_value=1, max_value=2**31 - 1, required=False, allow_null=True)
+    executorHandle = StrictCharField(max_length=512)
+
+
+class StartFailedSerializer(AckSerializer):
+    reason = serializers.ChoiceField(choices=sorted(START_FAILURES))
+
+
+class TailField(StrictCharField):
+    """A bounded output tail: at most OUTPUT_TAIL_BYTES of UTF-8, no NUL."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_blank=True, required=False, default="", trim_whitespace=False, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if len(value.encode("utf-8")) > OUTPUT_TAIL_BYTES:
+            raise serializers.ValidationError(f"at most {OUTPUT_TAIL_BYTES} bytes of UTF-8")
+        return value
+
+
+class CompleteSerializer(LeaseFenceSerializer):
+    sequence = StrictIntegerField(min_value=1, max_value=2**31 - 1)
+    outcome = serializers.ChoiceField(choices=list(OUTCOMES))
+    exitCode = StrictIntegerField(min_value=-255, max_value=255, allow_null=True)
+    stdoutTail = TailField()
+    stderrTail = TailField()
+
+
+class LeaseOutSerializer(serializers.Serializer):
+    attemptId = serializers.UUIDField()
+    offerId = serializers.UUIDField()
+    leaseGeneration = serializers.IntegerField()
+    leaseVersion = serializers.IntegerField()
+    expiresAt = serializers.DateTimeField()
+    renewIntervalSeconds = serializers.IntegerField()
+
+
+class OfferOutSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["claimed", "idempotent"])
+    lease = LeaseOutSerializer()
+    execution = serializers.JSONField(help_text="qinglong/execution-spec@v1")
+
+
+class ClaimOutSerializer(serializers.Serializer):
+    offers = OfferOutSerializer(many=True)
+    pollAfterSeconds = serializers.FloatField(help_text="when to ask again if no offer came back")
+
+
+class AckOutSerializer(serializers.Serializer):
+    status = serializers.CharField()
+    lease = LeaseOutSerializer()
+    cancelRequested = serializers.BooleanField()
+
+
+class CompleteOutSerializer(serializers.Serializer):
+    attemptId = serializers.UUIDField()
+    leaseGeneration = serializers.IntegerField()
+    sequence = serializers.IntegerField()
+    outcome = serializers.CharField()
+
+
+def lease_out(lease, renew_interval_seconds: int) -> dict:
+    return {
+        "attemptId": lease.attempt_id,
+        "offerId": lease.offer_id,
+        "leaseGeneration": lease.lease_generation,
+        "leaseVersion": lease.version,
+        "expiresAt": lease.expires_at,
+        "renewIntervalSeconds": renew_interval_seconds,
+    }
+
+
+def offer_out(offer: Offer) -> dict:
+    return {
+        "status": offer.status,
+        "lease": lease_out(offer.lease, offer.renew_interval_seconds),
+        "execution": offer.execution,
+    }

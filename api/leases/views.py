@@ -1,0 +1,153 @@
+"""Run lease endpoints (``/api/v1/worker/claim`` and ``/api/v1/worker/lease/…``): thin adapters."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.response import Response
+
+from actions.leases.activation import lease_running, lease_start_failed, lease_starting
+from actions.leases.claims import OfferRequest, lease_claim
+from actions.leases.completion import Completion, lease_complete
+from actions.leases.renewal import lease_release, lease_renew
+from api.base import WorkerAPIView
+from core.conf import protocol
+from leases.fence import AckResult
+from protocol import wire
+
+from . import serializers as s
+
+
+def _valid(serializer_class, request):
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _lease_fence(principal, data) -> dict:
+    return {
+        "worker_id": principal.worker_id,
+        "session_id": data["sessionId"],
+        "generation": data["generation"],
+        "attempt_id": data["attemptId"],
+        "lease_generation": data["leaseGeneration"],
+        "lease_token": data["leaseToken"],
+    }
+
+
+def _ack_out(result: AckResult) -> dict:
+    return s.AckOutSerializer(
+        {
+            "status": result.status,
+            "lease": s.lease_out(result.lease, result.renew_interval_seconds),
+            "cancelRequested": result.cancel_requested,
+        }
+    ).data
+
+
+class ClaimView(WorkerAPIView):
+    """Claim runnable attempts: each offer carries the worker's own offer id and lease token."""
+
+    max_json_depth = 3
+
+    @extend_schema(request=s.ClaimSerializer, responses={200: s.ClaimOutSerializer})
+    def post(self, request):
+        data = _valid(s.ClaimSerializer, request)
+        offers = lease_claim(
+            worker_id=self.principal.worker_id,
+            session_id=data["sessionId"],
+            generation=data["generation"],
+            offers=[OfferRequest(o["offerId"], o["leaseToken"]) for o in data["offers"]],
+        )
+        out = {"offers": [s.offer_out(o) for o in offers], "pollAfterSeconds": protocol().claim_poll_seconds}
+        return Response(s.ClaimOutSerializer(out).data)
+
+
+class StartingView(WorkerAPIView):
+    """Starting ACK: the worker accepted the offer (attempt claimed → starting)."""
+
+    @extend_schema(request=s.AckSerializer, responses={200: s.AckOutSerializer})
+    def post(self, request):
+        data = _valid(s.AckSerializer, request)
+        result = lease_starting(
+            **_lease_fence(self.principal, data), offer_id=data["offerId"], lease_version=data["leaseVersion"]
+        )
+        return Response(_ack_out(result))
+
+
+class RunningView(WorkerAPIView):
+    """Running ACK: the executor owns the process (attempt and run → running)."""
+
+    @extend_schema(request=s.RunningAckSerializer, responses={200: s.AckOutSerializer})
+    def post(self, request):
+        data = _valid(s.RunningAckSerializer, request)
+        result = lease_running(
+            **_lease_fence(self.principal, data),
+            offer_id=data["offerId"],
+            lease_version=data["leaseVersion"],
+            pid=data["pid"],
+            pgid=data.get("pgid"),
+            executor_handle=data["executorHandle"],
+        )
+        return Response(_ack_out(result))
+
+
+class StartFailedView(WorkerAPIView):
+    """The attempt could not (or must not) start: end it in one transaction."""
+
+    @extend_schema(request=s.StartFailedSerializer, responses={200: s.AckOutSerializer})
+    def post(self, request):
+        data = _valid(s.StartFailedSerializer, request)
+        result = lease_start_failed(
+            **_lease_fence(self.principal, data),
+            offer_id=data["offerId"],
+            lease_version=data["leaseVersion"],
+            reason=data["reason"],
+        )
+        return Response(_ack_out(result))
+
+
+class RenewView(WorkerAPIView):
+    """Renew a started attempt's lease (CAS on the lease version); answers cancellation requests."""
+
+    @extend_schema(request=s.VersionedLeaseSerializer, responses={200: s.AckOutSerializer})
+    def post(self, request):
+        data = _valid(s.VersionedLeaseSerializer, request)
+        result = lease_renew(**_lease_fence(self.principal, data), lease_version=data["leaseVersion"])
+        return Response(_ack_out(result))
+
+
+class ReleaseView(WorkerAPIView):
+    """Hand back an attempt that has not started."""
+
+    @extend_schema(request=s.VersionedLeaseSerializer, responses={200: s.AckOutSerializer})
+    def post(self, request):
+        data = _valid(s.VersionedLeaseSerializer, request)
+        result = lease_release(**_lease_fence(self.principal, data), lease_version=data["leaseVersion"])
+        return Response(_ack_out(result))
+
+
+class CompleteView(WorkerAPIView):
+    """Report the attempt's result; an identical resend is an exact replay."""
+
+    max_body_bytes = wire.BODY_LIMITS[wire.LEASE_COMPLETE]
+
+    @extend_schema(request=s.CompleteSerializer, responses={200: s.CompleteOutSerializer})
+    def post(self, request):
+        data = _valid(s.CompleteSerializer, request)
+        result = lease_complete(
+            **_lease_fence(self.principal, data),
+            completion=Completion(
+                sequence=data["sequence"],
+                outcome=data["outcome"],
+                exit_code=data["exitCode"],
+                stdout_tail=data["stdoutTail"],
+                stderr_tail=data["stderrTail"],
+            ),
+        )
+        out = {
+            "attemptId": result.attempt_id,
+            "leaseGeneration": result.lease_generation,
+            "sequence": result.sequence,
+            "outcome": result.outcome,
+        }
+        return Response(s.CompleteOutSerializer(out).data)

@@ -1,0 +1,120 @@
+"""Operator API shapes: task revisions, runs, attempts (camelCase, strict input)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
+from runs.models import LostRetry
+from runs.revisions import EXECUTORS, RETRYABLE_OUTCOMES, RevisionSpec
+
+
+class RetrySerializer(StrictSerializer):
+    maxAttempts = StrictIntegerField(min_value=1, max_value=20, default=1)
+    retryOn = serializers.ListField(
+        child=serializers.ChoiceField(choices=RETRYABLE_OUTCOMES), max_length=2, default=list
+    )
+    lostRetry = serializers.ChoiceField(choices=LostRetry.values, default=LostRetry.NEVER)
+    backoffSeconds = StrictIntegerField(min_value=1, max_value=86400, default=10)
+    backoffMaxSeconds = StrictIntegerField(min_value=1, max_value=86400, default=300)
+
+
+class RevisionInSerializer(StrictSerializer):
+    executor = serializers.ChoiceField(choices=EXECUTORS)
+    command = StrictCharField(max_length=64 * 1024, trim_whitespace=False)
+    timeoutSeconds = StrictIntegerField(min_value=1, max_value=7 * 24 * 3600)
+    env = serializers.DictField(child=StrictCharField(max_length=1024, allow_blank=True, trim_whitespace=False),
+                                required=False, default=dict)
+    placement = serializers.JSONField(required=False, default=dict,
+                                      help_text="PlacementSpec: {required: {...}, preferred: {labels: [...]}}")
+    retry = RetrySerializer(required=False)
+
+    def to_spec(self) -> RevisionSpec:
+        data = self.validated_data
+        retry = data.get("retry") or RetrySerializer(data={}).run_validation({})
+        return RevisionSpec(
+            executor=data["executor"],
+            command=data["command"],
+            timeout_seconds=data["timeoutSeconds"],
+            env=data.get("env") or {},
+            placement=data["placement"],
+            max_attempts=retry["maxAttempts"],
+            retry_on=tuple(retry["retryOn"]),
+            lost_retry=retry["lostRetry"],
+            retry_backoff_seconds=retry["backoffSeconds"],
+            retry_backoff_max_seconds=retry["backoffMaxSeconds"],
+        )
+
+
+class TaskInSerializer(RevisionInSerializer):
+    name = StrictCharField(max_length=100)
+    description = StrictCharField(max_length=200, required=False, default="", allow_blank=True)
+
+
+class EnqueueSerializer(StrictSerializer):
+    task = StrictCharField(max_length=100, required=False, help_text="task name: runs its newest revision")
+    revisionId = StrictUUIDField(required=False)
+    priority = StrictIntegerField(min_value=-100, max_value=100, default=0)
+
+    def validate(self, attrs):
+        if ("task" in attrs) == ("revisionId" in attrs):
+            raise serializers.ValidationError({"task": ["give exactly one of task or revisionId"]})
+        return attrs
+
+
+class CancelSerializer(StrictSerializer):
+    reason = StrictCharField(max_length=200, required=False, default="", allow_blank=True)
+
+
+class RevisionOutSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    taskId = serializers.UUIDField(source="task_id")
+    taskName = serializers.CharField(source="task.name")
+    number = serializers.IntegerField()
+    executor = serializers.CharField()
+    timeoutSeconds = serializers.IntegerField(source="timeout_seconds")
+    placementSha256 = serializers.CharField(source="placement_sha256")
+    specSha256 = serializers.CharField(source="spec_sha256")
+    maxAttempts = serializers.IntegerField(source="max_attempts")
+
+
+class AttemptOutSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    number = serializers.IntegerField()
+    state = serializers.CharField()
+    workerName = serializers.CharField(source="worker.name", default=None, allow_null=True)
+    leaseGeneration = serializers.IntegerField(source="lease_generation")
+    exitCode = serializers.IntegerField(source="exit_code", allow_null=True)
+    outcomeReason = serializers.CharField(source="outcome_reason")
+    startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
+    finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
+    stdoutTail = serializers.CharField(source="stdout_tail")
+    stderrTail = serializers.CharField(source="stderr_tail")
+
+
+class RunOutSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    taskId = serializers.UUIDField(source="task_id")
+    taskName = serializers.CharField(source="task.name")
+    revisionId = serializers.UUIDField(source="revision_id")
+    revisionNumber = serializers.IntegerField(source="revision.number")
+    state = serializers.CharField()
+    priority = serializers.IntegerField()
+    attemptCount = serializers.IntegerField(source="attempt_count")
+    nextAttemptAt = serializers.DateTimeField(source="next_attempt_at", allow_null=True)
+    cancelRequestedAt = serializers.DateTimeField(source="cancel_requested_at", allow_null=True)
+    cancelReason = serializers.CharField(source="cancel_reason")
+    exitCode = serializers.IntegerField(source="exit_code", allow_null=True)
+    errorClass = serializers.CharField(source="error_class")
+    placementSummary = serializers.JSONField(source="placement_summary", allow_null=True,
+                                             help_text="why it waits: {category: live workers}")
+    placementCheckedAt = serializers.DateTimeField(source="placement_checked_at", allow_null=True)
+    createdAt = serializers.DateTimeField(source="created_at")
+    startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
+    finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
+    attempts = AttemptOutSerializer(many=True)
+
+
+class CancelOutSerializer(serializers.Serializer):
+    status = serializers.CharField()
+    run = RunOutSerializer()

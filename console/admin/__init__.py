@@ -1,0 +1,8 @@
+"""The operator console: one admin module per app whose models it shows (``docs/architecture.md``).
+
+Django's admin autodiscovery imports this package; importing each module registers its admins.
+"""
+
+from . import audit, leases, runs, workers
+
+__all__ = ["audit", "leases", "runs", "workers"]

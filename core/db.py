@@ -1,0 +1,186 @@
+"""Transactions, the database clock and bounded retry for the two storage profiles (ADR-0012 §6).
+
+Every public write path is decorated with :func:`write_path`: it runs the function in exactly one
+``transaction.atomic(durable=True)`` and retries the *whole* transaction, with jittered backoff,
+when the store reports a transient race:
+
+* SQLite (standalone): ``database is locked`` after the busy timeout. Transactions begin
+  IMMEDIATE (settings), so writers are serialised and a read-check-write cannot interleave.
+  Within the one standalone process, write paths also queue on an in-process lock before
+  ``BEGIN IMMEDIATE``: SQLite's busy handler polls with sleeps of up to 100 ms, so fifty
+  threads contending for the write lock mostly sleep (2.5 s per burst of fifty registrations,
+  measured); a queue hands the lock on at once (0.27 s, the transactions' own work). Other processes (``manage.py sweep``, a second server by mistake) still
+  meet SQLite's own lock, busy timeout and this retry.
+* PostgreSQL (cluster-control): deadlock and serialization failures. A lock wait longer than the
+  connection's ``lock_timeout`` is not retried: it surfaces as ``lock_timeout`` (503).
+
+* Both: a unique-constraint race a service detects on insert (two transactions inserting the
+  same key, where the loser must re-read and answer a replay or a conflict). The service raises
+  :class:`UniqueRace`; the re-run sees the winner's committed row.
+
+After the retry budget the caller gets ``storage_busy`` (503) — never a 500. Every retry is
+logged (``core.db``, level WARNING) with the service name and the attempt number.
+
+A service that must *commit* an audit row and still refuse the request returns
+``Refusal(error)``; the decorator commits, then raises the error.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import ParamSpec, TypeVar
+
+from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from core.conf import protocol
+from core.errors import DomainError
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# PostgreSQL SQLSTATEs that mean "the same transaction may well succeed if run again".
+_PG_RETRYABLE = {"40001", "40P01"}  # serialization_failure, deadlock_detected
+_PG_LOCK_NOT_AVAILABLE = "55P03"
+
+
+class UniqueRace(Exception):
+    """Raised by a service body when an insert lost a unique-constraint race (ADR-0012 §6).
+
+    ``write_path`` rolls the transaction back and runs it again, so the re-run reads the row the
+    winner committed and answers from it. Raise it only where re-reading settles the question.
+    """
+
+
+#: Write paths of this process queue here before ``BEGIN IMMEDIATE`` on SQLite (see above).
+#: Re-entrant, so a write path that (in tests) runs inside another cannot block itself.
+_SQLITE_WRITERS = threading.RLock()
+
+
+@contextmanager
+def _sqlite_writer_turn() -> Iterator[None]:
+    """Wait (at most the busy timeout) for this process's SQLite writer turn; no-op elsewhere."""
+    if connection.vendor != "sqlite":
+        yield
+        return
+    timeout = float(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5.0))
+    if not _SQLITE_WRITERS.acquire(timeout=timeout):
+        raise OperationalError("database is locked (waited for this process's writer turn)")
+    try:
+        yield
+    finally:
+        _SQLITE_WRITERS.release()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Returned by a service body to commit what it wrote (an audit row) and then raise ``error``."""
+
+    error: DomainError
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for store errors that a fresh run of the same transaction may not hit again."""
+    if isinstance(exc, UniqueRace):
+        return True
+    if connection.vendor == "sqlite":
+        return isinstance(exc, OperationalError) and "locked" in str(exc)
+    if isinstance(exc, DatabaseError):
+        return _sqlstate(exc) in _PG_RETRYABLE
+    return False
+
+
+def _log_retry(retry_state: RetryCallState, service: str) -> None:
+    """One log line per retried transaction: which service, which attempt failed, and how."""
+    exc = retry_state.outcome.exception() if retry_state.outcome else None
+    log.warning(
+        "transient storage race in %s (attempt %d): %s; retrying",
+        service,
+        retry_state.attempt_number,
+        type(exc).__name__ if exc is not None else "?",
+    )
+
+
+def _before_retry(retry_state: RetryCallState, service: str) -> None:
+    """Called before each retry's wait; a module-level name so tests can observe retries."""
+    _log_retry(retry_state, service)
+
+
+def write_path(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run ``fn`` as one durable transaction with a bounded, jittered retry on transient races.
+
+    Attempts: ``QINGLONG_SQLITE_BUSY_RETRIES`` (at least 1) in total, with a full-jitter
+    exponential wait between them (20 ms base, at most 0.5 s each). Errors raised: whatever ``fn``
+    raises; ``DomainError("storage_busy")`` (503, ``Retry-After: 1``) once the attempts are spent
+    on ``database is locked``, a PostgreSQL deadlock/serialization failure or a
+    :class:`UniqueRace`; ``DomainError("lock_timeout")`` (503) when PostgreSQL refuses a lock
+    after ``lock_timeout`` (not retried: the lock holder is slow, not racing). ADR-0012 §6.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        retrying = Retrying(
+            stop=stop_after_attempt(max(1, protocol().sqlite_busy_retries)),
+            wait=wait_random_exponential(multiplier=0.02, max=0.5),
+            retry=retry_if_exception(is_transient),
+            before_sleep=lambda state: _before_retry(state, fn.__qualname__),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    with _sqlite_writer_turn(), transaction.atomic(durable=True):
+                        outcome = fn(*args, **kwargs)
+        except OperationalError as exc:
+            if _sqlstate(exc) == _PG_LOCK_NOT_AVAILABLE:
+                raise DomainError("lock_timeout", "a row lock was not granted in time; retry") from exc
+            if is_transient(exc):
+                log.warning("storage busy after retries in %s", fn.__qualname__)
+                raise DomainError("storage_busy", "the database is busy; retry", retry_after=1) from exc
+            raise
+        except DatabaseError as exc:
+            if is_transient(exc):
+                log.warning("storage busy after retries in %s", fn.__qualname__)
+                raise DomainError("storage_busy", "the database is busy; retry", retry_after=1) from exc
+            raise
+        except UniqueRace as exc:
+            log.warning("unique race unresolved after retries in %s", fn.__qualname__)
+            raise DomainError("storage_busy", "the database is busy; retry", retry_after=1) from exc
+        if isinstance(outcome, Refusal):
+            raise outcome.error
+        return outcome
+
+    return wrapper
+
+
+def db_now() -> datetime:
+    """The database's clock as an aware UTC datetime (ADR-0012 §3, PRODUCT invariant 7).
+
+    PostgreSQL: ``statement_timestamp()`` — call it *after* taking the transaction's row locks,
+    so a lock wait cannot make lease times stale. SQLite: the single process's clock as SQLite
+    reports it. Worker clocks are never used for lease decisions.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT statement_timestamp()")
+            return cursor.fetchone()[0]
+        cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+        return datetime.fromisoformat(cursor.fetchone()[0]).replace(tzinfo=UTC)
+
+
+def is_unique_violation(exc: IntegrityError) -> bool:
+    """True when an IntegrityError is a unique-constraint race (for callers that map it)."""
+    return _sqlstate(exc) == "23505" or "UNIQUE constraint failed" in str(exc)
