@@ -85,7 +85,9 @@ def credential_rotate(*, worker_id: uuid.UUID, credential_id: str, public_key: s
         if newest.public_key == public_key and live[1].pk == caller.pk:
             return Rotation(credential=newest, previous_valid_until=caller.not_after, replayed=True)
         raise DomainError(
-            "credential_superseded", "a newer credential exists; only the newest key may rotate", field="publicKey"
+            "credential_superseded",
+            "a newer credential exists; only the newest key may rotate",
+            field="publicKey",
         )
     if key_in_use(public_key):
         raise DomainError("validation_failed", "this key was already used by a credential", field="publicKey")
@@ -97,8 +99,13 @@ def credential_rotate(*, worker_id: uuid.UUID, credential_id: str, public_key: s
     credential = new_credential(worker, public_key, key, now)
     Worker.objects.filter(pk=worker.pk).update(rotation_required=False)
     forced = caller.state == CredentialState.ROTATED
-    record("credential.rotated", actor_type=ActorType.WORKER, actor=worker.name, worker_id=worker.pk,
-           data={"grace_s": int((valid_until - now).total_seconds()), "forced": forced})
+    record(
+        "credential.rotated",
+        actor_type=ActorType.WORKER,
+        actor=worker.name,
+        worker_id=worker.pk,
+        data={"grace_s": int((valid_until - now).total_seconds()), "forced": forced},
+    )
     forget_credentials_on_commit([caller.pk])
     return Rotation(credential=credential, previous_valid_until=valid_until)
 
@@ -123,7 +130,9 @@ def credential_force_rotation(*, worker_id: uuid.UUID, actor: str = "") -> Worke
     now = db_now()
     grace = protocol().rotation_grace_seconds
     ids = list(
-        WorkerCredential.objects.filter(worker=worker, state=CredentialState.ACTIVE).values_list("pk", flat=True)
+        WorkerCredential.objects.filter(worker=worker, state=CredentialState.ACTIVE).values_list(
+            "pk", flat=True
+        )
     )
     if not ids:
         if worker.rotation_required:
@@ -133,8 +142,13 @@ def credential_force_rotation(*, worker_id: uuid.UUID, actor: str = "") -> Worke
         state=CredentialState.ROTATED, not_after=now + timedelta(seconds=grace)
     )
     Worker.objects.filter(pk=worker.pk).update(rotation_required=True)
-    record("credential.rotation_forced", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk,
-           data={"grace_s": grace})
+    record(
+        "credential.rotation_forced",
+        actor_type=ActorType.OPERATOR,
+        actor=actor,
+        worker_id=worker.pk,
+        data={"grace_s": grace},
+    )
     forget_credentials_on_commit(ids)
     worker.refresh_from_db()
     return worker

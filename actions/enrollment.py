@@ -51,9 +51,10 @@ def worker_create(*, name: str, description: str = "", actor: str = "") -> Worke
     Raises ``validation_failed`` (field ``name``: not a slug, too long, or taken).
     """
 
-
     if not name or slugify(name) != name or len(name) > 64:
-        raise DomainError("validation_failed", "must be a lowercase slug of at most 64 characters", field="name")
+        raise DomainError(
+            "validation_failed", "must be a lowercase slug of at most 64 characters", field="name"
+        )
     if Worker.objects.filter(name=name).exists():
         raise DomainError("validation_failed", f"a worker named {name!r} exists", field="name")
     worker = Worker.objects.create(name=name, description=description[:200])
@@ -70,7 +71,9 @@ class IssuedToken:
 
 
 @write_path
-def enrollment_token_create(*, worker_id: uuid.UUID, ttl_seconds: int | None = None, user=None) -> IssuedToken:
+def enrollment_token_create(
+    *, worker_id: uuid.UUID, ttl_seconds: int | None = None, user=None
+) -> IssuedToken:
     """Issue a single-use enrollment token scoped to one worker (ADR-0012 §1, §2 takeover rule).
 
     ``ttl_seconds``: lifetime in seconds, 60 s to 30 days (default
@@ -95,13 +98,24 @@ def enrollment_token_create(*, worker_id: uuid.UUID, ttl_seconds: int | None = N
         created_at=now,
         expires_at=now + timedelta(seconds=ttl),
     )
-    record("enrollment.token_issued", actor_type=ActorType.OPERATOR, actor=getattr(user, "username", ""),
-           worker_id=worker.pk, data={"ttl_s": ttl})
+    record(
+        "enrollment.token_issued",
+        actor_type=ActorType.OPERATOR,
+        actor=getattr(user, "username", ""),
+        worker_id=worker.pk,
+        data={"ttl_s": ttl},
+    )
     return IssuedToken(token=token, record=issued)
 
 
 def _refuse_enrollment(code: str, message: str, worker_id: uuid.UUID | None, client: str) -> Refusal:
-    record("enrollment.refused", actor_type=ActorType.WORKER, actor=client, worker_id=worker_id, data={"code": code})
+    record(
+        "enrollment.refused",
+        actor_type=ActorType.WORKER,
+        actor=client,
+        worker_id=worker_id,
+        data={"code": code},
+    )
     return Refusal(DomainError(code, message, field="token"))
 
 
@@ -139,9 +153,13 @@ def worker_enroll(
     if worker.state == WorkerState.REVOKED:
         return _refuse_enrollment("worker_revoked", "the worker is revoked", worker.pk, client)
     if issued.used_at is not None:
-        return _refuse_enrollment("enrollment_token_used", "the enrollment token was already used", worker.pk, client)
+        return _refuse_enrollment(
+            "enrollment_token_used", "the enrollment token was already used", worker.pk, client
+        )
     if issued.expires_at <= now:
-        return _refuse_enrollment("enrollment_token_expired", "the enrollment token expired", worker.pk, client)
+        return _refuse_enrollment(
+            "enrollment_token_expired", "the enrollment token expired", worker.pk, client
+        )
     if key_in_use(public_key):
         raise DomainError("validation_failed", "this key was already used by a credential", field="publicKey")
     previous = list(
@@ -159,8 +177,15 @@ def worker_enroll(
     Worker.objects.filter(pk=worker.pk).update(rotation_required=False)
     # The process that held the old key can no longer sign a single call: end its session now,
     # rather than when its lease lapses, so that its run leases are settled at once.
-    fenced = fence_live_session(worker, reason="re_enrolled", now=now, actor_type=ActorType.WORKER, actor=client)
-    record("worker.enrolled", actor_type=ActorType.WORKER, actor=client, worker_id=worker.pk,
-           data={"revoked_credentials": len(previous), "fenced_session": fenced is not None})
+    fenced = fence_live_session(
+        worker, reason="re_enrolled", now=now, actor_type=ActorType.WORKER, actor=client
+    )
+    record(
+        "worker.enrolled",
+        actor_type=ActorType.WORKER,
+        actor=client,
+        worker_id=worker.pk,
+        data={"revoked_credentials": len(previous), "fenced_session": fenced is not None},
+    )
     forget_credentials_on_commit(previous)
     return credential

@@ -109,9 +109,11 @@ def refresh_placement_summaries(*, batch: int | None = None) -> int:
 def _still_waiting(run: Run, now: datetime) -> bool:
     if run.state not in (RunState.QUEUED, RunState.DISPATCHING) or run.cancel_requested_at is not None:
         return False
-    return RunAttempt.objects.filter(run_id=run.pk, state=AttemptState.CLAIMED).filter(
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
-    ).exists()
+    return (
+        RunAttempt.objects.filter(run_id=run.pk, state=AttemptState.CLAIMED)
+        .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+        .exists()
+    )
 
 
 @write_path
@@ -133,14 +135,19 @@ def placement_summaries_store(*, changes: list[SummaryChange], checked_at: datet
         if run is None or not _still_waiting(run, now):
             continue
         updated = Run.objects.filter(
-            pk=run.pk, placement_checked_at=change.before_checked_at,
+            pk=run.pk,
+            placement_checked_at=change.before_checked_at,
         ).update(placement_summary=change.after, placement_checked_at=checked_at)
         if not updated:
             continue  # another cycle wrote a summary after this one read it
         landed += 1
         before_categories = None if change.before is None else set(change.before)
         if change.after is not None and set(change.after) != before_categories:
-            record("run.placement_pending", actor_type=ActorType.SYSTEM, run_id=run.pk,
-                   data={"summary": change.after})
+            record(
+                "run.placement_pending",
+                actor_type=ActorType.SYSTEM,
+                run_id=run.pk,
+                data={"summary": change.after},
+            )
             log.info("run %s waits for placement: %s", run.pk, describe_summary(change.after))
     return landed

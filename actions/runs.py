@@ -31,7 +31,12 @@ def _actor(user) -> str:
 
 def _new_attempt(run: Run, number: int, now: datetime, actor_type: str, actor: str) -> RunAttempt:
     attempt = RunAttempt.objects.create(
-        run=run, number=number, state=AttemptState.CLAIMED, priority=run.priority, ready_at=now, created_at=now,
+        run=run,
+        number=number,
+        state=AttemptState.CLAIMED,
+        priority=run.priority,
+        ready_at=now,
+        created_at=now,
         placement_sha256=run.revision.placement_sha256,
     )
     record(
@@ -78,8 +83,9 @@ class CancelResult:
 
 
 @write_path
-def run_cancel(*, run_id: uuid.UUID, reason: str = "", actor_type: str = ActorType.OPERATOR,
-               actor: str = "") -> CancelResult:
+def run_cancel(
+    *, run_id: uuid.UUID, reason: str = "", actor_type: str = ActorType.OPERATOR, actor: str = ""
+) -> CancelResult:
     """Record a durable cancellation request for a run (SIBLINGS §2).
 
     The first request sets ``cancel_requested_at`` and appends ``run.cancel_requested``. An attempt
@@ -103,22 +109,39 @@ def run_cancel(*, run_id: uuid.UUID, reason: str = "", actor_type: str = ActorTy
         return CancelResult(run, "already_requested")
     now = db_now()
     bump_run(
-        run, "run.cancel_requested", actor_type=actor_type, actor=actor, cancel_requested_at=now,
+        run,
+        "run.cancel_requested",
+        actor_type=actor_type,
+        actor=actor,
+        cancel_requested_at=now,
         cancel_reason=reason,
     )
     live = RunAttempt.objects.filter(run=run, state__in=ATTEMPT_LIVE).first()
-    unleased = live is not None and live.state == AttemptState.CLAIMED and (
-        live.lease_expires_at is None or live.lease_expires_at <= now
+    unleased = (
+        live is not None
+        and live.state == AttemptState.CLAIMED
+        and (live.lease_expires_at is None or live.lease_expires_at <= now)
     )
     if live is None or unleased:
-
-
         if live is not None:
             release_expired_lease_of(live, now=now, actor_type=actor_type, actor=actor)
-            move_attempt(live, AttemptState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
-                         outcome_reason="cancelled_by_user")
-        move_run(run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
-                 next_attempt_at=None, error_class="cancelled_by_user")
+            move_attempt(
+                live,
+                AttemptState.CANCELLED,
+                actor_type=actor_type,
+                actor=actor,
+                finished_at=now,
+                outcome_reason="cancelled_by_user",
+            )
+        move_run(
+            run,
+            RunState.CANCELLED,
+            actor_type=actor_type,
+            actor=actor,
+            finished_at=now,
+            next_attempt_at=None,
+            error_class="cancelled_by_user",
+        )
     return CancelResult(run, "requested")
 
 
@@ -137,10 +160,18 @@ def run_requeue(*, run_id: uuid.UUID) -> Run | None:
     if run.state != RunState.RETRY_WAIT or run.next_attempt_at is None or run.next_attempt_at > now:
         return None
     if run.cancel_requested_at is not None:
-        return move_run(run, RunState.CANCELLED, actor_type=ActorType.RECONCILER, finished_at=now,
-                        next_attempt_at=None, error_class="cancelled_by_user")
+        return move_run(
+            run,
+            RunState.CANCELLED,
+            actor_type=ActorType.RECONCILER,
+            finished_at=now,
+            next_attempt_at=None,
+            error_class="cancelled_by_user",
+        )
     number = run.attempt_count + 1
-    move_run(run, RunState.QUEUED, actor_type=ActorType.RECONCILER, attempt_count=number, next_attempt_at=None)
+    move_run(
+        run, RunState.QUEUED, actor_type=ActorType.RECONCILER, attempt_count=number, next_attempt_at=None
+    )
     _new_attempt(run, number, now, ActorType.RECONCILER, "")
     return run
 

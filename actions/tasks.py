@@ -46,33 +46,45 @@ def _validate(spec: RevisionSpec) -> placement_spec.PlacementSpec:
         raise DomainError("validation_failed", f"at most {MAX_ENV} variables", field="env")
     for name, value in spec.env.items():
         if not ENV_NAME.match(name):
-            raise DomainError("validation_failed", "variable names are [A-Za-z_][A-Za-z0-9_]*",
-                              field=f"env.{display_key(name)}")
+            raise DomainError(
+                "validation_failed",
+                "variable names are [A-Za-z_][A-Za-z0-9_]*",
+                field=f"env.{display_key(name)}",
+            )
         if not isinstance(value, str) or len(value) > MAX_ENV_VALUE or "\x00" in value:
             raise DomainError(
-                "validation_failed", f"values are strings of at most {MAX_ENV_VALUE} characters",
-                field=f"env.{display_key(name)}"
+                "validation_failed",
+                f"values are strings of at most {MAX_ENV_VALUE} characters",
+                field=f"env.{display_key(name)}",
             )
     if not 1 <= spec.max_attempts <= 20:
         raise DomainError("validation_failed", "must be 1 to 20", field="retry.maxAttempts")
     for index, outcome in enumerate(spec.retry_on):
         if outcome not in RETRYABLE_OUTCOMES:
             raise DomainError(
-                "validation_failed", "only failed and timed_out outcomes retry", field=f"retry.retryOn[{index}]"
+                "validation_failed",
+                "only failed and timed_out outcomes retry",
+                field=f"retry.retryOn[{index}]",
             )
     if len(set(spec.retry_on)) != len(spec.retry_on):
         raise DomainError("validation_failed", "duplicate outcome", field="retry.retryOn")
     if spec.lost_retry not in LostRetry.values:
-        raise DomainError("validation_failed", f"must be one of {', '.join(LostRetry.values)}", field="retry.lostRetry")
+        raise DomainError(
+            "validation_failed", f"must be one of {', '.join(LostRetry.values)}", field="retry.lostRetry"
+        )
     if not 1 <= spec.retry_backoff_seconds <= 86400:
         raise DomainError("validation_failed", "must be 1 to 86400", field="retry.backoffSeconds")
     if not spec.retry_backoff_seconds <= spec.retry_backoff_max_seconds <= 86400:
-        raise DomainError("validation_failed", "must be between backoffSeconds and 86400", field="retry.backoffMaxSeconds")
+        raise DomainError(
+            "validation_failed", "must be between backoffSeconds and 86400", field="retry.backoffMaxSeconds"
+        )
     try:
         placement = {} if spec.placement is None else spec.placement
         return placement_spec.normalise(placement, executor=spec.executor)
     except ProtocolError as exc:
-        raise DomainError(exc.code, exc.message, field=f"placement.{exc.field}" if exc.field else "placement") from None
+        raise DomainError(
+            exc.code, exc.message, field=f"placement.{exc.field}" if exc.field else "placement"
+        ) from None
 
 
 def _spec_sha256(spec: RevisionSpec, placement: placement_spec.PlacementSpec) -> str:
@@ -86,8 +98,9 @@ def _spec_sha256(spec: RevisionSpec, placement: placement_spec.PlacementSpec) ->
     return hashlib.sha256(rfc8785.dumps(content)).hexdigest()
 
 
-def _create_revision(task: Task, spec: RevisionSpec, placement: placement_spec.PlacementSpec, number: int,
-                     user) -> TaskRevision:
+def _create_revision(
+    task: Task, spec: RevisionSpec, placement: placement_spec.PlacementSpec, number: int, user
+) -> TaskRevision:
     return TaskRevision.objects.create(
         task=task,
         number=number,
@@ -139,7 +152,9 @@ def revision_create(*, task_id: uuid.UUID, spec: RevisionSpec, user=None) -> Tas
         raise DomainError("task_not_found", "no such task", field="taskId")
     latest = task.revisions.order_by("-number").values_list("number", flat=True).first() or 0
     revision = _create_revision(task, spec, placement, latest + 1, user)
-    record("task.revised", actor_type=ActorType.OPERATOR, actor=_actor(user), data={"revision": revision.number})
+    record(
+        "task.revised", actor_type=ActorType.OPERATOR, actor=_actor(user), data={"revision": revision.number}
+    )
     return revision
 
 

@@ -45,7 +45,9 @@ def worker_revoke(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
         return worker
     now = db_now()
     ids = list(
-        WorkerCredential.objects.filter(worker=worker).exclude(state=CredentialState.REVOKED).values_list("pk", flat=True)
+        WorkerCredential.objects.filter(worker=worker)
+        .exclude(state=CredentialState.REVOKED)
+        .values_list("pk", flat=True)
     )
     WorkerCredential.objects.filter(pk__in=ids).update(
         state=CredentialState.REVOKED, revoked_at=now, revoke_reason="worker_revoked"
@@ -54,8 +56,13 @@ def worker_revoke(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
     worker.refresh_from_db()
     fence_live_session(worker, reason="revoked", now=now, actor_type=ActorType.OPERATOR, actor=actor)
     EnrollmentToken.objects.filter(worker=worker, used_at__isnull=True).update(expires_at=now)
-    record("worker.revoked", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk,
-           data={"credentials": len(ids)})
+    record(
+        "worker.revoked",
+        actor_type=ActorType.OPERATOR,
+        actor=actor,
+        worker_id=worker.pk,
+        data={"credentials": len(ids)},
+    )
     forget_credentials_on_commit(ids)
     return worker
 
@@ -80,8 +87,14 @@ def worker_drain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
         WorkerSession.objects.filter(pk=session.pk, state=SessionState.ONLINE).update(
             state=SessionState.DRAINING, drained_by="operator", available_slots=0, version=F("version") + 1
         )
-        record("session.drained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk,
-               session_id=session.pk, data={"generation": session.generation, "by": "operator"})
+        record(
+            "session.drained",
+            actor_type=ActorType.OPERATOR,
+            actor=actor,
+            worker_id=worker.pk,
+            session_id=session.pk,
+            data={"generation": session.generation, "by": "operator"},
+        )
     record("worker.drained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk)
     worker.refresh_from_db()
     return worker
@@ -105,8 +118,14 @@ def worker_undrain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
         WorkerSession.objects.filter(pk=session.pk, state=SessionState.DRAINING).update(
             state=SessionState.ONLINE, drained_by="", version=F("version") + 1
         )
-        record("session.undrained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk,
-               session_id=session.pk, data={"generation": session.generation})
+        record(
+            "session.undrained",
+            actor_type=ActorType.OPERATOR,
+            actor=actor,
+            worker_id=worker.pk,
+            session_id=session.pk,
+            data={"generation": session.generation},
+        )
     record("worker.undrained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk)
     worker.refresh_from_db()
     return worker

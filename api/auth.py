@@ -96,15 +96,24 @@ class WorkerSignatureAuthentication(BaseAuthentication):
 
     def authenticate(self, request) -> tuple[WorkerPrincipal, SignedRequest]:
         raw = request._request
-        limit = {"group": "worker-auth-failures", "key": by_address, "rate": protocol().rate_auth_failures,
-                 "message": "too many failed worker authentications from this address"}
+        limit = {
+            "group": "worker-auth-failures",
+            "key": by_address,
+            "rate": protocol().rate_auth_failures,
+            "message": "too many failed worker authentications from this address",
+        }
         # Only failures count, and only a failing request is answered 429: a correctly signed
         # request always passes, so a forger sharing a worker's address cannot lock it out.
         try:
             return self._authenticate(raw)
         except (ProtocolError, DomainError) as exc:
-            log.warning("worker request refused: %s (%s %s from %s)", exc.code, raw.method, raw.path,
-                        client_address(raw))
+            log.warning(
+                "worker request refused: %s (%s %s from %s)",
+                exc.code,
+                raw.method,
+                raw.path,
+                client_address(raw),
+            )
             if exc.code != "signature_predates_restart":
                 enforce(raw, **limit)  # counts this failure; the next over the limit gets 429
             raise
@@ -119,7 +128,9 @@ class WorkerSignatureAuthentication(BaseAuthentication):
             try:
                 return trusted_key(public_key)
             except ProtocolError:  # stored before keys were vetted: never trust it
-                raise ProtocolError("signature_invalid", "the credential's public key is not usable") from None
+                raise ProtocolError(
+                    "signature_invalid", "the credential's public key is not usable"
+                ) from None
 
         signed = verify_request(
             method=raw.method,

@@ -143,8 +143,13 @@ class WorkerAPIView(APIView):
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         principal: WorkerPrincipal = request.user
-        enforce(request, group="worker-api", key=lambda group, req: str(principal.worker_id),
-                rate=protocol().rate_worker, message="too many requests from this worker")
+        enforce(
+            request,
+            group="worker-api",
+            key=lambda group, req: str(principal.worker_id),
+            rate=protocol().rate_worker,
+            message="too many requests from this worker",
+        )
         check_principal_binding(principal, request, kwargs)
 
     @property
@@ -162,7 +167,9 @@ class RefuseWorkerSignature(BaseAuthentication):
     def authenticate(self, request):
         headers = request._request.headers
         if "Signature-Input" in headers or "Signature" in headers:
-            raise DomainError("worker_credential_forbidden", "worker credentials cannot reach operator endpoints")
+            raise DomainError(
+                "worker_credential_forbidden", "worker credentials cannot reach operator endpoints"
+            )
         return None
 
     def authenticate_header(self, request) -> str:

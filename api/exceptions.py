@@ -59,8 +59,9 @@ def first_error(detail: Any, path: str = "") -> tuple[str, str]:
     return path, str(detail)
 
 
-def _response(code: str, message: str, field: str | None, *, details: dict | None = None,
-              retry_after: int | None = None) -> Response:
+def _response(
+    code: str, message: str, field: str | None, *, details: dict | None = None, retry_after: int | None = None
+) -> Response:
     body: dict[str, Any] = {"code": code, "message": message, "field": field or None}
     if details:
         body["details"] = details
@@ -79,8 +80,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # process started is part of every restart (the agent signs again): information.
         request = context.get("request")
         level = logging.INFO if response.data["code"] == "signature_predates_restart" else logging.WARNING
-        log.log(level, "%s %s: %s %s", getattr(request, "path", "?"), response.status_code,
-                response.data["code"], response.data["message"])
+        log.log(
+            level,
+            "%s %s: %s %s",
+            getattr(request, "path", "?"),
+            response.status_code,
+            response.data["code"],
+            response.data["message"],
+        )
         response._has_been_logged = True  # django.utils.log.log_response: do not log it again
     if response is not None and response.status_code == 401:
         view, request = context.get("view"), context.get("request")
@@ -104,8 +111,9 @@ def _handle(exc: Exception) -> Response | None:
             if isinstance(exc, exc_type):
                 retry = getattr(exc, "wait", None)
                 return _response(code, str(exc.detail), None, retry_after=int(retry) + 1 if retry else None)
-        return Response({"code": "validation_failed", "message": str(exc.detail), "field": None},
-                        status=exc.status_code)
+        return Response(
+            {"code": "validation_failed", "message": str(exc.detail), "field": None}, status=exc.status_code
+        )
     return None
 
 

@@ -30,8 +30,11 @@ class BodyLimitMiddleware:
         raw_length = request.META.get("CONTENT_LENGTH") or "0"
         if not raw_length.isascii() or not raw_length.isdigit():
             return JsonResponse(
-                {"code": "content_length_invalid", "message": f"Content-Length {raw_length[:20]!r} is not a "
-                 "non-negative integer", "field": "Content-Length"},
+                {
+                    "code": "content_length_invalid",
+                    "message": f"Content-Length {raw_length[:20]!r} is not a non-negative integer",
+                    "field": "Content-Length",
+                },
                 status=400,
             )
         length = int(raw_length)

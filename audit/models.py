@@ -41,7 +41,9 @@ class Event(models.Model):
             models.Index(fields=["kind", "created_at"], name="event_kind_time"),
         ]
         constraints = [
-            models.CheckConstraint(condition=models.Q(actor_type__in=ActorType.values), name="event_actor_type_valid"),
+            models.CheckConstraint(
+                condition=models.Q(actor_type__in=ActorType.values), name="event_actor_type_valid"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -38,8 +38,13 @@ def main() -> int:
     env.pop("QINGLONG_PROFILE", None)
     manage = [sys.executable, str(ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
-    server = subprocess.Popen([*manage, "serve", "--port", str(args.port)], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [*manage, "serve", "--port", str(args.port)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     agent = None
     try:
         url = f"http://127.0.0.1:{args.port}"
@@ -49,14 +54,25 @@ def main() -> int:
                 break
             except OSError:
                 time.sleep(0.2)
-        token = subprocess.run([*manage, "enroll_worker", "bench-idle", "--token-only"], env=env, cwd=ROOT,
-                               check=True, capture_output=True, text=True).stdout.strip()
+        token = subprocess.run(
+            [*manage, "enroll_worker", "bench-idle", "--token-only"],
+            env=env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         state = var / "agent"
         worker = [sys.executable, "-m", "agent", "--state-dir", str(state)]
-        subprocess.run([*worker, "enroll", "--server", url, "--token", token], check=True, cwd=ROOT,
-                       capture_output=True)
-        agent = subprocess.Popen([*worker, "run", "--poll-max", "5"], cwd=ROOT,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [*worker, "enroll", "--server", url, "--token", token], check=True, cwd=ROOT, capture_output=True
+        )
+        agent = subprocess.Popen(
+            [*worker, "run", "--poll-max", "5"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(args.settle)
         process = psutil.Process(agent.pid)
         cpu_before = process.cpu_times()
@@ -71,11 +87,17 @@ def main() -> int:
         threads = process.num_threads()
         used = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
         cpu_percent = 100.0 * used / elapsed
-        print(f"agent idle for {elapsed:.1f}s: RSS {rss / 2**20:.1f} MiB (peak {peak_rss / 2**20:.1f} MiB), "
-              f"CPU {used * 1000:.0f} ms = {cpu_percent:.3f} % of one core, {threads} threads")
-        print(f"budget: RSS < 40 MiB {'met' if rss < 40 * 2**20 else 'MISSED'}, "
-              f"CPU < 0.5 % {'met' if cpu_percent < 0.5 else 'MISSED'}")
-        print(f"agent_idle_rss_mib={rss / 2**20:.1f} agent_idle_cpu_percent={cpu_percent:.3f} agent_threads={threads}")
+        print(
+            f"agent idle for {elapsed:.1f}s: RSS {rss / 2**20:.1f} MiB (peak {peak_rss / 2**20:.1f} MiB), "
+            f"CPU {used * 1000:.0f} ms = {cpu_percent:.3f} % of one core, {threads} threads"
+        )
+        print(
+            f"budget: RSS < 40 MiB {'met' if rss < 40 * 2**20 else 'MISSED'}, "
+            f"CPU < 0.5 % {'met' if cpu_percent < 0.5 else 'MISSED'}"
+        )
+        print(
+            f"agent_idle_rss_mib={rss / 2**20:.1f} agent_idle_cpu_percent={cpu_percent:.3f} agent_threads={threads}"
+        )
         return 0
     finally:
         if agent is not None and agent.poll() is None:

@@ -95,7 +95,7 @@ def reset_and_load(backlog: int, claimers: int) -> list[Claimer]:
 
     from protocol.capabilities import snapshot
     from protocol.ids import uuid7
-        
+
     with connection.cursor() as cursor:
         cursor.execute(
             "TRUNCATE leases_rundispatchlease, runs_runattempt, runs_run, runs_taskrevision, runs_task, "

@@ -68,8 +68,16 @@ from protocol.signing import public_key_text  # noqa: E402
 
 PORTS = range(8300, 8400)
 SNAPSHOT = {
-    "arch": "x86_64", "os": "linux", "executors": ["shell"], "runtimes": [{"name": "bash", "version": "5.2.15"}],
-    "labels": {"zone": "bench"}, "memoryMiB": 4096, "diskMiB": 20480, "cpuCount": 4, "gpus": [], "features": [],
+    "arch": "x86_64",
+    "os": "linux",
+    "executors": ["shell"],
+    "runtimes": [{"name": "bash", "version": "5.2.15"}],
+    "labels": {"zone": "bench"},
+    "memoryMiB": 4096,
+    "diskMiB": 20480,
+    "cpuCount": 4,
+    "gpus": [],
+    "features": [],
 }
 
 
@@ -111,14 +119,29 @@ def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
     log_path = Path(env["QINGLONG_VAR_DIR"]) / "serve.log"
     with log_path.open("wb") as log_file:
         server = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--threads", "8", "--no-sweep"],
-            cwd=ROOT, env={**os.environ, **env}, stdout=log_file, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--threads",
+                "8",
+                "--no-sweep",
+            ],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
         )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise SystemExit(f"manage.py serve exited with {server.returncode}:\n{log_path.read_text()[-2000:]}")
+            raise SystemExit(
+                f"manage.py serve exited with {server.returncode}:\n{log_path.read_text()[-2000:]}"
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return server
@@ -140,8 +163,9 @@ class BenchWorker:
         return {"sessionId": self.session_id, "generation": self.generation}
 
     def heartbeat(self) -> dict:
-        answer = self.client.post(wire.SESSION_HEARTBEAT,
-                                  {**self.fence(), "expectedVersion": self.version, "availableSlots": 1})
+        answer = self.client.post(
+            wire.SESSION_HEARTBEAT, {**self.fence(), "expectedVersion": self.version, "availableSlots": 1}
+        )
         self.version = answer["version"]
         return answer
 
@@ -150,7 +174,6 @@ def enroll_workers(server_url: str, count: int, tag: str) -> list[BenchWorker]:
     """Create workers and tokens through the services, then enroll and register over HTTP."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    
     workers = []
     for index in range(count):
         worker = worker_create(name=f"bench-hb-{tag}-{index}", actor="bench")
@@ -160,10 +183,17 @@ def enroll_workers(server_url: str, count: int, tag: str) -> list[BenchWorker]:
             wire.ENROLL, {"token": issued.token, "publicKey": public_key_text(key.public_key())}, signed=False
         )
         client = Client(server_url, key_id=enrolled["credentialId"], key=key)
-        answer = client.post(wire.SESSION_REGISTER, {
-            "sessionId": str(uuid7()), "capabilities": SNAPSHOT, "maxConcurrentRuns": 1, "availableSlots": 1,
-            "softwareVersion": "bench/1", "protocolVersion": 1,
-        })
+        answer = client.post(
+            wire.SESSION_REGISTER,
+            {
+                "sessionId": str(uuid7()),
+                "capabilities": SNAPSHOT,
+                "maxConcurrentRuns": 1,
+                "availableSlots": 1,
+                "softwareVersion": "bench/1",
+                "protocolVersion": 1,
+            },
+        )
         workers.append(BenchWorker(client, answer["sessionId"], answer["generation"], answer["version"]))
     return workers
 
@@ -178,7 +208,9 @@ class Wal:
         import psycopg
 
         self.conn = psycopg.connect(conninfo, autocommit=True)
-        self.dboid = self.conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
+        self.dboid = self.conn.execute(
+            "SELECT oid FROM pg_database WHERE datname = current_database()"
+        ).fetchone()[0]
         self.inspect = True
         try:
             self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
@@ -207,10 +239,13 @@ class Wal:
                 continue
             records = self.conn.execute(
                 "SELECT xid::text::bigint, record_length, coalesce(block_ref, '') "
-                "FROM pg_get_wal_records_info(%s, %s)", [start, end]
+                "FROM pg_get_wal_records_info(%s, %s)",
+                [start, end],
             ).fetchall()
             xids = {xid for xid, _, refs in records if xid and self.ours.search(refs)}
-            totals.append(sum(length for xid, length, refs in records if self.ours.search(refs) or xid in xids))
+            totals.append(
+                sum(length for xid, length, refs in records if self.ours.search(refs) or xid in xids)
+            )
         return totals
 
 
@@ -264,14 +299,17 @@ def wal_per_heartbeat(worker: BenchWorker, wal: Wal, count: int) -> Windows:
         elapsed = (parse_time(answer["nextHeartbeatAt"]) - parse_time(answer["serverTime"])).total_seconds()
         wal.conn.execute(  # that much time passes (outside the measured window)
             "UPDATE workers_workersession SET lease_expires_at = lease_expires_at - make_interval(secs => %s) "
-            "WHERE id = %s", [elapsed, worker.session_id],
+            "WHERE id = %s",
+            [elapsed, worker.session_id],
         )
         shifted_expiry = parse_time(answer["leaseExpiresAt"]) - timedelta(seconds=elapsed)
         start = wal.lsn()
         answer = worker.heartbeat()
         windows.spans.append((start, wal.lsn()))
         # the lease was extended when it now ends later than where the simulated time left it
-        windows.wrote.append(parse_time(answer["leaseExpiresAt"]) - shifted_expiry > timedelta(milliseconds=1))
+        windows.wrote.append(
+            parse_time(answer["leaseExpiresAt"]) - shifted_expiry > timedelta(milliseconds=1)
+        )
     return windows
 
 
@@ -281,7 +319,8 @@ def wal_naive_update(worker: BenchWorker, wal: Wal, count: int, ttl: int) -> Win
         start = wal.lsn()
         wal.conn.execute(
             "UPDATE workers_workersession SET lease_expires_at = statement_timestamp() + make_interval(secs => %s) "
-            "WHERE id = %s", [ttl, worker.session_id],
+            "WHERE id = %s",
+            [ttl, worker.session_id],
         )
         windows.spans.append((start, wal.lsn()))
         windows.wrote.append(True)
@@ -293,8 +332,10 @@ def wal_hot_update(worker: BenchWorker, wal: Wal, count: int) -> Windows:
     windows = Windows()
     for _ in range(count):
         start = wal.lsn()
-        wal.conn.execute("UPDATE workers_workersession SET available_slots = available_slots WHERE id = %s",
-                         [worker.session_id])
+        wal.conn.execute(
+            "UPDATE workers_workersession SET available_slots = available_slots WHERE id = %s",
+            [worker.session_id],
+        )
         windows.spans.append((start, wal.lsn()))
         windows.wrote.append(True)
     return windows
@@ -302,13 +343,18 @@ def wal_hot_update(worker: BenchWorker, wal: Wal, count: int) -> Windows:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pg-url", default=os.environ.get("BENCH_PG_URL",
-                                                           "postgres://postgres@127.0.0.1:5432/qinglong"))
-    parser.add_argument("--heartbeats", type=int, default=3000, help="unchanged heartbeats for the throughput")
+    parser.add_argument(
+        "--pg-url", default=os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432/qinglong")
+    )
+    parser.add_argument(
+        "--heartbeats", type=int, default=3000, help="unchanged heartbeats for the throughput"
+    )
     parser.add_argument("--clients", type=int, default=8, help="workers sending heartbeats at once")
     parser.add_argument("--wal-heartbeats", type=int, default=400, help="heartbeats in the WAL measurement")
     parser.add_argument("--profile", choices=["standalone", "cluster-control"], default="cluster-control")
-    parser.add_argument("--port", type=int, default=None, help="serve here (default: the first free of 8300-8399)")
+    parser.add_argument(
+        "--port", type=int, default=None, help="serve here (default: the first free of 8300-8399)"
+    )
     args = parser.parse_args()
     ensure_database(args.pg_url)
 
@@ -331,14 +377,18 @@ def main() -> int:
     server = start_server(env, port)
     try:
         url = f"http://127.0.0.1:{port}"
-        say(f"manage.py serve on {url}, profile {args.profile}, session lease {timings.session_lease_seconds} s, "
-            f"heartbeat {timings.heartbeat_interval_seconds} s ± {timings.heartbeat_jitter_ratio:.0%}")
+        say(
+            f"manage.py serve on {url}, profile {args.profile}, session lease {timings.session_lease_seconds} s, "
+            f"heartbeat {timings.heartbeat_interval_seconds} s ± {timings.heartbeat_jitter_ratio:.0%}"
+        )
         workers = enroll_workers(url, args.clients, secrets.token_hex(3))
         rate, latencies = throughput(workers, args.heartbeats)
         p50 = statistics.median(latencies) * 1000
         p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-        say(f"throughput: {len(latencies)} unchanged heartbeats from {args.clients} workers over signed HTTP: "
-            f"{rate:.0f} heartbeats/s (latency p50 {p50:.1f} ms, p99 {p99:.1f} ms)")
+        say(
+            f"throughput: {len(latencies)} unchanged heartbeats from {args.clients} workers over signed HTTP: "
+            f"{rate:.0f} heartbeats/s (latency p50 {p50:.1f} ms, p99 {p99:.1f} ms)"
+        )
 
         wal = Wal(args.pg_url.replace("postgres://", "postgresql://", 1))
         beats = wal_per_heartbeat(workers[0], wal, args.wal_heartbeats)
@@ -351,26 +401,41 @@ def main() -> int:
         reads = [b for b, wrote in zip(beat_ours, beats.wrote, strict=True) if not wrote]
         per_beat = statistics.fmean(beat_ours)
         per_naive = statistics.fmean(naive_ours)
-        say(f"WAL, {args.wal_heartbeats} unchanged heartbeats at the {args.profile} cadence: "
-            f"{len(writes)} extended the lease ({len(writes) / len(beat_ours):.0%}), the rest were pure reads")
-        say(f"  per unchanged heartbeat: {per_beat:.1f} B this database "
-            f"(raw LSN delta mean {statistics.fmean(beat_raw):.1f} B, median {statistics.median(beat_raw):.0f} B)")
+        say(
+            f"WAL, {args.wal_heartbeats} unchanged heartbeats at the {args.profile} cadence: "
+            f"{len(writes)} extended the lease ({len(writes) / len(beat_ours):.0%}), the rest were pure reads"
+        )
+        say(
+            f"  per unchanged heartbeat: {per_beat:.1f} B this database "
+            f"(raw LSN delta mean {statistics.fmean(beat_raw):.1f} B, median {statistics.median(beat_raw):.0f} B)"
+        )
         if writes:
-            say(f"  per lease-extension write: mean {statistics.fmean(writes):.1f} B, "
+            say(
+                f"  per lease-extension write: mean {statistics.fmean(writes):.1f} B, "
                 f"median {statistics.median(writes):.0f} B; per pure read: mean "
-                f"{statistics.fmean(reads) if reads else 0:.1f} B")
-        say(f"  per naive row update: {per_naive:.1f} B this database (raw mean {statistics.fmean(naive_raw):.1f} B, "
-            f"median {statistics.median(naive_raw):.0f} B)")
+                f"{statistics.fmean(reads) if reads else 0:.1f} B"
+            )
+        say(
+            f"  per naive row update: {per_naive:.1f} B this database (raw mean {statistics.fmean(naive_raw):.1f} B, "
+            f"median {statistics.median(naive_raw):.0f} B)"
+        )
         say(f"  the write rule costs {per_beat / per_naive:.0%} of writing on every heartbeat")
-        say(f"  reference: a HOT update of the same row (no indexed column changed): "
-            f"{statistics.fmean(hot_ours):.1f} B")
+        say(
+            f"  reference: a HOT update of the same row (no indexed column changed): "
+            f"{statistics.fmean(hot_ours):.1f} B"
+        )
         for worker in workers:  # leave the sessions cleanly
             try:
-                worker.client.post(wire.SESSION_OFFLINE, {**worker.fence(), "expectedVersion": worker.version})
+                worker.client.post(
+                    wire.SESSION_OFFLINE, {**worker.fence(), "expectedVersion": worker.version}
+                )
             except ApiError as exc:
                 say(f"offline refused: {exc}")
-        print(f"heartbeats_per_s={rate:.0f} wal_bytes_per_unchanged_heartbeat={per_beat:.0f} "
-              f"wal_bytes_naive_update={per_naive:.0f}", flush=True)
+        print(
+            f"heartbeats_per_s={rate:.0f} wal_bytes_per_unchanged_heartbeat={per_beat:.0f} "
+            f"wal_bytes_naive_update={per_naive:.0f}",
+            flush=True,
+        )
         return 0
     finally:
         server.terminate()

@@ -18,7 +18,9 @@ class ErrorSpec(NamedTuple):
 
 CATALOGUE: dict[str, ErrorSpec] = {
     # --- request shape (any endpoint) ---------------------------------------------------------
-    "validation_failed": ErrorSpec(400, "A field is missing, of the wrong type or out of range; `field` names it."),
+    "validation_failed": ErrorSpec(
+        400, "A field is missing, of the wrong type or out of range; `field` names it."
+    ),
     "json_malformed": ErrorSpec(400, "The body is not valid UTF-8 JSON."),
     "json_duplicate_key": ErrorSpec(400, "An object in the body repeats a key."),
     "json_too_deep": ErrorSpec(400, "The body nests objects/arrays deeper than the endpoint allows."),
@@ -29,8 +31,12 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "unsupported_media_type": ErrorSpec(415, "The body is not application/json."),
     "method_not_allowed": ErrorSpec(405, "The endpoint does not accept this HTTP method."),
     "not_found": ErrorSpec(404, "No such resource."),
-    "host_not_allowed": ErrorSpec(400, "The Host header names no host this control plane serves (`ALLOWED_HOSTS`)."),
-    "request_rejected": ErrorSpec(400, "Django refused the request before the API saw it (a suspicious request)."),
+    "host_not_allowed": ErrorSpec(
+        400, "The Host header names no host this control plane serves (`ALLOWED_HOSTS`)."
+    ),
+    "request_rejected": ErrorSpec(
+        400, "Django refused the request before the API saw it (a suspicious request)."
+    ),
     "rate_limited": ErrorSpec(429, "Too many requests from this principal or address; see Retry-After."),
     "storage_busy": ErrorSpec(503, "The database stayed locked through the bounded retry; retry later."),
     "lock_timeout": ErrorSpec(503, "A row lock was not granted within the lock timeout; retry later."),
@@ -43,18 +49,27 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "signature_replayed": ErrorSpec(401, "The signature nonce was already used within the window."),
     "content_digest_mismatch": ErrorSpec(401, "The body does not match its signed Content-Digest."),
     "credential_unknown": ErrorSpec(401, "The signature's keyid names no credential."),
-    "credential_revoked": ErrorSpec(401, "The credential was revoked (worker revoked, re-enrolled or rotated)."),
+    "credential_revoked": ErrorSpec(
+        401, "The credential was revoked (worker revoked, re-enrolled or rotated)."
+    ),
     "credential_expired": ErrorSpec(401, "The credential's rotation grace period is over."),
-    "credential_superseded": ErrorSpec(409, "Only the worker's newest credential may rotate; this key was rotated."),
-    "worker_not_enrolled": ErrorSpec(409, "The worker has no active credential to rotate (never enrolled or revoked)."),
+    "credential_superseded": ErrorSpec(
+        409, "Only the worker's newest credential may rotate; this key was rotated."
+    ),
+    "worker_not_enrolled": ErrorSpec(
+        409, "The worker has no active credential to rotate (never enrolled or revoked)."
+    ),
     "signature_predates_restart": ErrorSpec(
-        503, "Signed before this control-plane process started; its nonce store cannot vouch for it. Sign again."
+        503,
+        "Signed before this control-plane process started; its nonce store cannot vouch for it. Sign again.",
     ),
     "principal_mismatch": ErrorSpec(403, "A body/path worker id differs from the authenticated worker."),
     "worker_credential_forbidden": ErrorSpec(403, "Worker credentials cannot reach operator endpoints."),
     "not_authenticated": ErrorSpec(401, "Operator endpoints need staff session or token authentication."),
     "permission_denied": ErrorSpec(403, "The authenticated user is not staff."),
-    "enrollment_token_invalid": ErrorSpec(401, "The enrollment token is unknown or belongs to another worker."),
+    "enrollment_token_invalid": ErrorSpec(
+        401, "The enrollment token is unknown or belongs to another worker."
+    ),
     "enrollment_token_used": ErrorSpec(401, "The enrollment token was already exchanged (single use)."),
     "enrollment_token_expired": ErrorSpec(401, "The enrollment token's lifetime is over."),
     "worker_revoked": ErrorSpec(403, "The worker is revoked; it can neither enroll nor act."),
@@ -63,11 +78,15 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "session_superseded": ErrorSpec(409, "A newer session replaced this one; the process must stop."),
     "session_generation_mismatch": ErrorSpec(409, "The generation is not the session's generation."),
     "session_version_conflict": ErrorSpec(409, "The expected version is stale; re-read the session version."),
-    "session_expired": ErrorSpec(409, "The session lease lapsed; the process must stop and start a new session."),
+    "session_expired": ErrorSpec(
+        409, "The session lease lapsed; the process must stop and start a new session."
+    ),
     "session_offline": ErrorSpec(409, "The session went offline; it cannot act again."),
     "session_draining": ErrorSpec(409, "The session is draining and takes no new work."),
     "session_replay_conflict": ErrorSpec(409, "This session id was registered with different content."),
-    "session_has_active_leases": ErrorSpec(409, "Offline refused: the session still holds active run leases."),
+    "session_has_active_leases": ErrorSpec(
+        409, "Offline refused: the session still holds active run leases."
+    ),
     "no_live_session": ErrorSpec(409, "The worker has no online or draining session to take offline."),
     "session_takeover_limited": ErrorSpec(429, "Too many session replacements for this worker this minute."),
     "session_id_invalid": ErrorSpec(400, "The session id is not a UUIDv7."),

@@ -48,7 +48,9 @@ def require_active(lease: RunDispatchLease, now: datetime, field: str | None = N
         raise DomainError("lease_completed", "the run lease already completed", field=field)
     if lease.state == LeaseState.RELEASED:
         raise DomainError(
-            "lease_released", f"the run lease was released ({lease.release_reason})", field=field,
+            "lease_released",
+            f"the run lease was released ({lease.release_reason})",
+            field=field,
             details={"reason": lease.release_reason},
         )
     if lease.expires_at <= now:
@@ -56,7 +58,12 @@ def require_active(lease: RunDispatchLease, now: datetime, field: str | None = N
 
 
 def fence_lease(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
     lease_token: str,
 ) -> LeaseFence:
     """Lock worker then run, and pass the session fence and the lease's identity fence.
@@ -68,7 +75,10 @@ def fence_lease(
     ``lease_session_mismatch``.
     """
     fenced = lock_and_fence(
-        worker_id=worker_id, session_id=session_id, generation=generation, expected_version=None,
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        expected_version=None,
         purpose=Purpose.LEASE,
     )
     worker, session, now = fenced.worker, fenced.session, fenced.now
@@ -77,7 +87,9 @@ def fence_lease(
     ).first()
     if lease is None:
         if RunDispatchLease.objects.filter(attempt_id=attempt_id, worker_id=worker.pk).exists():
-            raise DomainError("lease_generation_mismatch", "no lease of this generation", field="leaseGeneration")
+            raise DomainError(
+                "lease_generation_mismatch", "no lease of this generation", field="leaseGeneration"
+            )
         raise DomainError("lease_unknown", "no such run lease for this worker", field="attemptId")
     run = lock_run(lease.run_id)
     lease.refresh_from_db()

@@ -43,7 +43,9 @@ class RunDispatchLease(models.Model):
     offer_id = models.UUIDField(editable=False)
     token_digest = models.CharField(max_length=64, unique=True, editable=False)
     version = models.PositiveIntegerField(default=0, editable=False)
-    state = models.CharField(max_length=16, choices=LeaseState.choices, default=LeaseState.LEASED, editable=False)
+    state = models.CharField(
+        max_length=16, choices=LeaseState.choices, default=LeaseState.LEASED, editable=False
+    )
     release_reason = models.CharField(max_length=24, choices=ReleaseReason.choices, blank=True, default="")
     expires_at = models.DateTimeField(editable=False)
     #: SHA-256 of the execution spec sent with the offer; a replayed claim must rebuild the same.
@@ -66,7 +68,8 @@ class RunDispatchLease(models.Model):
             models.UniqueConstraint(fields=["attempt", "lease_generation"], name="lease_generation_unique"),
             models.UniqueConstraint(fields=["worker", "offer_id"], name="lease_offer_unique"),
             models.CheckConstraint(
-                condition=~Q(state=LeaseState.RELEASED) | ~Q(release_reason=""), name="released_lease_has_reason"
+                condition=~Q(state=LeaseState.RELEASED) | ~Q(release_reason=""),
+                name="released_lease_has_reason",
             ),
             # Both facts, not either: a completed lease records the sequence and the outcome.
             models.CheckConstraint(
@@ -80,7 +83,8 @@ class RunDispatchLease(models.Model):
                 name="only_completed_lease_has_outcome",
             ),
             models.CheckConstraint(
-                condition=Q(state=LeaseState.RELEASED) | Q(release_reason=""), name="only_released_lease_has_reason"
+                condition=Q(state=LeaseState.RELEASED) | Q(release_reason=""),
+                name="only_released_lease_has_reason",
             ),
             models.CheckConstraint(
                 condition=Q(release_reason__in=["", *ReleaseReason.values]), name="lease_release_reason_valid"
@@ -92,12 +96,15 @@ class RunDispatchLease(models.Model):
                 name="lease_end_matches_state",
             ),
             models.CheckConstraint(
-                condition=Q(running_at__isnull=True) | Q(starting_at__isnull=False), name="lease_running_after_starting"
+                condition=Q(running_at__isnull=True) | Q(starting_at__isnull=False),
+                name="lease_running_after_starting",
             ),
             models.CheckConstraint(condition=Q(lease_generation__gte=1), name="lease_generation_positive"),
         ]
         indexes = [
-            models.Index(fields=["expires_at"], condition=Q(state=LeaseState.LEASED), name="lease_active_expiry"),
+            models.Index(
+                fields=["expires_at"], condition=Q(state=LeaseState.LEASED), name="lease_active_expiry"
+            ),
             models.Index(fields=["session", "state"], name="lease_session_state"),
         ]
 

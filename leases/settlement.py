@@ -73,12 +73,16 @@ def settle_lease(
     started = attempt.state in (AttemptState.STARTING, AttemptState.RUNNING)
     if expired_only:
         reason = ReleaseReason.LEASE_EXPIRED if started else ReleaseReason.DISPATCH_TIMEOUT
-    cas = RunDispatchLease.objects.filter(pk=lease.pk, state=LeaseState.LEASED, lease_generation=lease.lease_generation)
+    cas = RunDispatchLease.objects.filter(
+        pk=lease.pk, state=LeaseState.LEASED, lease_generation=lease.lease_generation
+    )
     if expired_only:
         cas = cas.filter(expires_at__lte=now)
     if observed_version is not None:
         cas = cas.filter(version=observed_version)
-    if not cas.update(state=LeaseState.RELEASED, release_reason=reason, ended_at=now, version=F("version") + 1):
+    if not cas.update(
+        state=LeaseState.RELEASED, release_reason=reason, ended_at=now, version=F("version") + 1
+    ):
         return False
     record(
         "lease.released",
@@ -98,13 +102,33 @@ def settle_lease(
     ):
         return True  # an older generation, or the attempt already ended: only authority is revoked
     if started:
-        conclude_attempt(run, attempt, AttemptState.LOST, now=now, actor_type=actor_type, actor=actor, reason=reason,
-                         lease_expires_at=lease.expires_at)
+        conclude_attempt(
+            run,
+            attempt,
+            AttemptState.LOST,
+            now=now,
+            actor_type=actor_type,
+            actor=actor,
+            reason=reason,
+            lease_expires_at=lease.expires_at,
+        )
     elif run.cancel_requested_at is not None:
-        move_attempt(attempt, AttemptState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
-                     outcome_reason="cancelled_by_user")
-        move_run(run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
-                 error_class="cancelled_by_user")
+        move_attempt(
+            attempt,
+            AttemptState.CANCELLED,
+            actor_type=actor_type,
+            actor=actor,
+            finished_at=now,
+            outcome_reason="cancelled_by_user",
+        )
+        move_run(
+            run,
+            RunState.CANCELLED,
+            actor_type=actor_type,
+            actor=actor,
+            finished_at=now,
+            error_class="cancelled_by_user",
+        )
     else:
         update_attempt(attempt, lease_expires_at=None, worker=None, session_id=None)
     return True
@@ -122,9 +146,12 @@ def settle_session_leases(
     order. Returns how many were settled.
     """
     release_reason = SESSION_END_REASONS[reason]
-    leases = RunDispatchLease.objects.filter(session_id=session.pk, state=LeaseState.LEASED).order_by("run_id")
+    leases = RunDispatchLease.objects.filter(session_id=session.pk, state=LeaseState.LEASED).order_by(
+        "run_id"
+    )
     return sum(
-        settle_lease(lease, reason=release_reason, now=now, actor_type=actor_type, actor=actor) for lease in leases
+        settle_lease(lease, reason=release_reason, now=now, actor_type=actor_type, actor=actor)
+        for lease in leases
     )
 
 
@@ -135,6 +162,11 @@ def release_expired_lease_of(attempt: RunAttempt, *, now: datetime, actor_type: 
     only revokes the lease, by a CAS that re-checks state and expiry (a live lease is untouched:
     its worker learns of the cancellation instead).
     """
-    RunDispatchLease.objects.filter(attempt_id=attempt.pk, state=LeaseState.LEASED, expires_at__lte=now).update(
-        state=LeaseState.RELEASED, release_reason=ReleaseReason.CANCELLED, ended_at=now, version=F("version") + 1
+    RunDispatchLease.objects.filter(
+        attempt_id=attempt.pk, state=LeaseState.LEASED, expires_at__lte=now
+    ).update(
+        state=LeaseState.RELEASED,
+        release_reason=ReleaseReason.CANCELLED,
+        ended_at=now,
+        version=F("version") + 1,
     )

@@ -60,8 +60,11 @@ def decode_cursor(text: str, field: str = "after") -> Rank:
     """
     found = _CURSOR.match(text) if isinstance(text, str) else None
     if found is None:
-        raise DomainError("validation_failed", "must be a cursor <score>:<free slots>:<worker id> from a "
-                          "previous page", field=field)
+        raise DomainError(
+            "validation_failed",
+            "must be a cursor <score>:<free slots>:<worker id> from a previous page",
+            field=field,
+        )
     return (-int(found.group(1)), -int(found.group(2)), found.group(3))
 
 
@@ -165,7 +168,11 @@ def ranked_candidates(placement: dict[str, Any], workers: list[LiveWorker]) -> l
 
 
 def candidate_page(
-    placement: dict[str, Any], workers: list[LiveWorker], *, after: Rank | None = None, size: int = PAGE_SIZE,
+    placement: dict[str, Any],
+    workers: list[LiveWorker],
+    *,
+    after: Rank | None = None,
+    size: int = PAGE_SIZE,
 ) -> CandidatePage:
     """One keyset page of :func:`ranked_candidates`: those ranked strictly after ``after``.
 
@@ -286,5 +293,10 @@ def placement_preview(
     counts = Counter(row.category for row in rows if row.category is not None)
     eligible = sum(1 for row in rows if row.eligible)
     summary = None if eligible else {c: counts[c] for c in SUMMARY_CATEGORIES if counts[c]}
-    return Preview(rows=rows[:limit], summary=summary, live_workers=len(rows), eligible=eligible,
-                   truncated=len(rows) > limit)
+    return Preview(
+        rows=rows[:limit],
+        summary=summary,
+        live_workers=len(rows),
+        eligible=eligible,
+        truncated=len(rows) > limit,
+    )

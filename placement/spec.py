@@ -290,6 +290,7 @@ def normalise(doc: Any, *, executor: str) -> PlacementSpec:
     }
     result = PlacementSpec.of(document)
     if len(result.canonical) > MAX_PLACEMENT_BYTES:
-        raise _fail(None,
-                    f"normalised placement is {len(result.canonical)} bytes; the limit is {MAX_PLACEMENT_BYTES}")
+        raise _fail(
+            None, f"normalised placement is {len(result.canonical)} bytes; the limit is {MAX_PLACEMENT_BYTES}"
+        )
     return result

@@ -131,7 +131,9 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
     _db["CONN_MAX_AGE"] = env.int("QINGLONG_DB_CONN_MAX_AGE", default=60)
     _db["CONN_HEALTH_CHECKS"] = True
 else:
-    raise ImproperlyConfigured(f"DATABASE_URL selects {_db['ENGINE']}; only SQLite and PostgreSQL are supported")
+    raise ImproperlyConfigured(
+        f"DATABASE_URL selects {_db['ENGINE']}; only SQLite and PostgreSQL are supported"
+    )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -230,7 +232,9 @@ _profile_defaults = {
     "cluster-control": {"session_ttl": 45, "heartbeat": 15, "run_lease_ttl": 60, "dispatch_timeout": 60},
 }[QINGLONG_PROFILE]
 QINGLONG = {
-    "SESSION_LEASE_SECONDS": env.int("QINGLONG_SESSION_LEASE_SECONDS", default=_profile_defaults["session_ttl"]),
+    "SESSION_LEASE_SECONDS": env.int(
+        "QINGLONG_SESSION_LEASE_SECONDS", default=_profile_defaults["session_ttl"]
+    ),
     "HEARTBEAT_INTERVAL_SECONDS": env.int(
         "QINGLONG_HEARTBEAT_INTERVAL_SECONDS", default=_profile_defaults["heartbeat"]
     ),

@@ -54,8 +54,12 @@ class TaskRevision(models.Model):
     placement = models.TextField(editable=False, help_text="normalised PlacementSpec, RFC 8785 JSON")
     placement_sha256 = models.CharField(max_length=64, editable=False)
     max_attempts = models.PositiveSmallIntegerField(default=1, editable=False)
-    retry_on = models.JSONField(default=list, editable=False, help_text="outcomes that retry: failed, timed_out")
-    lost_retry = models.CharField(max_length=16, choices=LostRetry.choices, default=LostRetry.NEVER, editable=False)
+    retry_on = models.JSONField(
+        default=list, editable=False, help_text="outcomes that retry: failed, timed_out"
+    )
+    lost_retry = models.CharField(
+        max_length=16, choices=LostRetry.choices, default=LostRetry.NEVER, editable=False
+    )
     retry_backoff_seconds = models.PositiveIntegerField(default=10, editable=False)
     retry_backoff_max_seconds = models.PositiveIntegerField(default=300, editable=False)
     #: SHA-256 of the canonical execution content (executor, command, env, timeout, placement).
@@ -73,7 +77,9 @@ class TaskRevision(models.Model):
             models.CheckConstraint(
                 condition=Q(max_attempts__gte=1) & Q(max_attempts__lte=20), name="revision_max_attempts_range"
             ),
-            models.CheckConstraint(condition=Q(lost_retry__in=LostRetry.values), name="revision_lost_retry_valid"),
+            models.CheckConstraint(
+                condition=Q(lost_retry__in=LostRetry.values), name="revision_lost_retry_valid"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -84,7 +90,9 @@ class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="runs")
     revision = models.ForeignKey(TaskRevision, on_delete=models.PROTECT, related_name="runs")
-    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.CREATED, editable=False)
+    state = models.CharField(
+        max_length=16, choices=RunState.choices, default=RunState.CREATED, editable=False
+    )
     version = models.PositiveBigIntegerField(default=0, editable=False)
     event_sequence = models.PositiveBigIntegerField(default=0, editable=False)
     priority = models.SmallIntegerField(default=0)
@@ -107,7 +115,8 @@ class Run(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(state__in=RunState.values), name="run_state_valid"),
             models.CheckConstraint(
-                condition=~Q(state__in=RUN_TERMINAL) | Q(finished_at__isnull=False), name="run_terminal_has_end"
+                condition=~Q(state__in=RUN_TERMINAL) | Q(finished_at__isnull=False),
+                name="run_terminal_has_end",
             ),
             models.CheckConstraint(
                 condition=~Q(state=RunState.RETRY_WAIT) | Q(next_attempt_at__isnull=False),
@@ -124,10 +133,12 @@ class Run(models.Model):
                 condition=Q(state__in=RUN_TERMINAL) | Q(finished_at__isnull=True), name="run_live_has_no_end"
             ),
             models.CheckConstraint(
-                condition=~Q(state=RunState.RUNNING) | Q(started_at__isnull=False), name="run_running_has_start"
+                condition=~Q(state=RunState.RUNNING) | Q(started_at__isnull=False),
+                name="run_running_has_start",
             ),
             models.CheckConstraint(
-                condition=Q(state=RunState.CREATED) | Q(attempt_count__gte=1), name="run_has_attempts_once_queued"
+                condition=Q(state=RunState.CREATED) | Q(attempt_count__gte=1),
+                name="run_has_attempts_once_queued",
             ),
             models.CheckConstraint(
                 condition=Q(priority__gte=-100) & Q(priority__lte=100), name="run_priority_range"
@@ -148,7 +159,9 @@ class RunAttempt(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveSmallIntegerField(editable=False)
-    state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.CLAIMED, editable=False)
+    state = models.CharField(
+        max_length=16, choices=AttemptState.choices, default=AttemptState.CLAIMED, editable=False
+    )
     version = models.PositiveIntegerField(default=0, editable=False)
     # Dispatch order, copied from the run so that one partial index serves the queue.
     priority = models.SmallIntegerField(default=0, editable=False)
@@ -189,16 +202,19 @@ class RunAttempt(models.Model):
             ),
             models.CheckConstraint(condition=Q(number__gte=1), name="attempt_number_positive"),
             models.CheckConstraint(
-                condition=Q(state__in=ATTEMPT_TERMINAL) | Q(finished_at__isnull=True), name="attempt_live_has_no_end"
+                condition=Q(state__in=ATTEMPT_TERMINAL) | Q(finished_at__isnull=True),
+                name="attempt_live_has_no_end",
             ),
             # starting/running exist only under a lease a session claimed (SIBLINGS §3) ...
             models.CheckConstraint(
-                condition=~Q(state__in=ATTEMPT_STARTED) | (Q(session_id__isnull=False) & Q(lease_generation__gte=1)),
+                condition=~Q(state__in=ATTEMPT_STARTED)
+                | (Q(session_id__isnull=False) & Q(lease_generation__gte=1)),
                 name="attempt_started_under_a_lease",
             ),
             # ... and running exists only once the executor reported its process (running ACK).
             models.CheckConstraint(
-                condition=~Q(state=AttemptState.RUNNING) | (Q(started_at__isnull=False) & Q(pid__isnull=False)),
+                condition=~Q(state=AttemptState.RUNNING)
+                | (Q(started_at__isnull=False) & Q(pid__isnull=False)),
                 name="attempt_running_has_process",
             ),
         ]

@@ -35,7 +35,9 @@ from .transitions import move_attempt, move_run
 
 def retry_delay_seconds(revision: TaskRevision, attempt_number: int) -> float:
     """Jittered backoff before attempt ``attempt_number + 1`` (seconds)."""
-    ceiling = min(revision.retry_backoff_max_seconds, revision.retry_backoff_seconds * 2 ** (attempt_number - 1))
+    ceiling = min(
+        revision.retry_backoff_max_seconds, revision.retry_backoff_seconds * 2 ** (attempt_number - 1)
+    )
     return random.uniform(ceiling / 2, ceiling)
 
 
@@ -74,11 +76,25 @@ def conclude_attempt(
     if outcome == AttemptState.LOST and run.cancel_requested_at is not None:
         # Cancel first: the run was to stop anyway, so its lost attempt ends cancelled and the
         # run with it, in this transaction; no retry, no `lost` detour.
-        move_attempt(attempt, AttemptState.CANCELLED, actor_type=actor_type, actor=actor,
-                     data={"reason": reason or "lost", "lost": True}, finished_at=now,
-                     outcome_reason=reason or "lost", **attempt_fields)
-        return move_run(run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now,
-                        next_attempt_at=None, error_class="cancelled_by_user")
+        move_attempt(
+            attempt,
+            AttemptState.CANCELLED,
+            actor_type=actor_type,
+            actor=actor,
+            data={"reason": reason or "lost", "lost": True},
+            finished_at=now,
+            outcome_reason=reason or "lost",
+            **attempt_fields,
+        )
+        return move_run(
+            run,
+            RunState.CANCELLED,
+            actor_type=actor_type,
+            actor=actor,
+            finished_at=now,
+            next_attempt_at=None,
+            error_class="cancelled_by_user",
+        )
     move_attempt(
         attempt,
         outcome,
@@ -95,20 +111,35 @@ def conclude_attempt(
         move_run(run, RunState.LOST, actor_type=actor_type, actor=actor, data={"attempt": attempt.number})
         if _may_retry(revision, attempt, outcome):
             not_before = lease_expires_at + LOST_RETRY_MARGIN if lease_expires_at is not None else None
-            return _retry_wait(run, attempt, now=now, actor_type=actor_type, actor=actor, not_before=not_before)
+            return _retry_wait(
+                run, attempt, now=now, actor_type=actor_type, actor=actor, not_before=not_before
+            )
         return move_run(
-            run, RunState.FAILED, actor_type=actor_type, actor=actor, finished_at=now, error_class="worker_lost",
+            run,
+            RunState.FAILED,
+            actor_type=actor_type,
+            actor=actor,
+            finished_at=now,
+            error_class="worker_lost",
             data={"reason": "worker_lost"},
         )
     if run.cancel_requested_at is not None:
         return move_run(
-            run, RunState.CANCELLED, actor_type=actor_type, actor=actor, finished_at=now, exit_code=exit_code,
+            run,
+            RunState.CANCELLED,
+            actor_type=actor_type,
+            actor=actor,
+            finished_at=now,
+            exit_code=exit_code,
             error_class="cancelled_by_user",
         )
     if outcome != AttemptState.SUCCEEDED and _may_retry(revision, attempt, outcome):
         return _retry_wait(run, attempt, now=now, actor_type=actor_type, actor=actor)
-    error_class = {AttemptState.FAILED: "exit_code", AttemptState.TIMED_OUT: "timeout",
-                   AttemptState.CANCELLED: "cancelled"}.get(outcome, "")
+    error_class = {
+        AttemptState.FAILED: "exit_code",
+        AttemptState.TIMED_OUT: "timeout",
+        AttemptState.CANCELLED: "cancelled",
+    }.get(outcome, "")
     if reason == "executor_start_failed":
         error_class = "executor_start_error"
     return move_run(
@@ -122,8 +153,15 @@ def conclude_attempt(
     )
 
 
-def _retry_wait(run: Run, attempt: RunAttempt, *, now: datetime, actor_type: str, actor: str,
-                not_before: datetime | None = None) -> Run:
+def _retry_wait(
+    run: Run,
+    attempt: RunAttempt,
+    *,
+    now: datetime,
+    actor_type: str,
+    actor: str,
+    not_before: datetime | None = None,
+) -> Run:
     delay = retry_delay_seconds(run.revision, attempt.number)
     due = now + timedelta(seconds=delay)
     if not_before is not None and due < not_before:

@@ -36,8 +36,19 @@ QueueCursor = tuple[int, datetime, object]
 #: Nothing large (commands, env, output tails) — a claim loads the revision of the one attempt it
 #: actually claims, under that run's row lock.
 CANDIDATE_FIELDS = (
-    "id", "run_id", "state", "priority", "ready_at", "lease_expires_at", "lease_generation", "placement_sha256",
-    "run__id", "run__version", "run__revision", "run__revision__placement", "run__revision__placement_sha256",
+    "id",
+    "run_id",
+    "state",
+    "priority",
+    "ready_at",
+    "lease_expires_at",
+    "lease_generation",
+    "placement_sha256",
+    "run__id",
+    "run__version",
+    "run__revision",
+    "run__revision__placement",
+    "run__revision__placement_sha256",
 )
 
 
@@ -62,8 +73,9 @@ def dispatch_queue_queryset(*, now: datetime, after: QueueCursor | None = None) 
     )
 
 
-def dispatch_queue_page(*, now: datetime, after: QueueCursor | None = None,
-                        size: int = QUEUE_PAGE) -> list[RunAttempt]:
+def dispatch_queue_page(
+    *, now: datetime, after: QueueCursor | None = None, size: int = QUEUE_PAGE
+) -> list[RunAttempt]:
     """One page of attempts awaiting a run lease, in dispatch order (priority desc, FIFO, id).
 
     ``now`` is the database clock; ``after`` the (priority, ready_at, id) of the last row of the
@@ -111,8 +123,9 @@ def waiting_placement_classes(*, start: str = "", limit: int | None = None) -> l
     return found[:limit]
 
 
-def placement_class_heads(*, now: datetime, classes: list[str], size: int,
-                          after: QueueCursor | None = None) -> list[RunAttempt]:
+def placement_class_heads(
+    *, now: datetime, classes: list[str], size: int, after: QueueCursor | None = None
+) -> list[RunAttempt]:
     """The first ``size`` claimable attempts of each placement class, merged in dispatch order.
 
     One index probe per class (``attempt_dispatch_by_placement``: the queue ordered within each

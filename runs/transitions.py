@@ -63,8 +63,15 @@ def move_run(
     return run
 
 
-def bump_run(run: Run, kind: str, *, actor_type: str, actor: str = "", data: dict[str, Any] | None = None,
-             **fields: Any) -> Run:
+def bump_run(
+    run: Run,
+    kind: str,
+    *,
+    actor_type: str,
+    actor: str = "",
+    data: dict[str, Any] | None = None,
+    **fields: Any,
+) -> Run:
     """Record a run fact that is not a state change (``run.cancel_requested``, ``run.dispatching``
     again for a new lease): CAS on version, bump version and sequence, append ``kind``."""
     changed = Run.objects.filter(pk=run.pk, version=run.version).update(
@@ -76,7 +83,9 @@ def bump_run(run: Run, kind: str, *, actor_type: str, actor: str = "", data: dic
     run.event_sequence += 1
     for name, value in fields.items():
         setattr(run, name, value)
-    record(kind, actor_type=actor_type, actor=actor, run_id=run.pk, run_sequence=run.event_sequence, data=data)
+    record(
+        kind, actor_type=actor_type, actor=actor, run_id=run.pk, run_sequence=run.event_sequence, data=data
+    )
     return run
 
 

@@ -33,16 +33,32 @@ ONCE = os.environ.get("ONCE", "") not in ("", "0")
 
 SAMPLES = [
     # name, revision spec, expected (state, exit code)
-    ("sample-shell", {"executor": "shell", "timeoutSeconds": 30,
-                      "command": 'echo "hello from $(uname -n)"; uname -sm'}, ("succeeded", 0)),
-    ("sample-python", {"executor": "python", "timeoutSeconds": 30,
-                       "command": "import platform, sys\nprint('python', platform.python_version(), 'sum', "
-                                  "sum(range(1000)))\nsys.exit(0)\n",
-                       "placement": {"required": {"runtimes": {"python": ">=3.8"}}}}, ("succeeded", 0)),
-    ("sample-exit-3", {"executor": "shell", "timeoutSeconds": 30,
-                       "command": "echo 'about to fail' >&2; exit 3"}, ("failed", 3)),
-    ("sample-timeout", {"executor": "shell", "timeoutSeconds": 2, "command": "echo sleeping; sleep 60"},
-     ("timed_out", None)),
+    (
+        "sample-shell",
+        {"executor": "shell", "timeoutSeconds": 30, "command": 'echo "hello from $(uname -n)"; uname -sm'},
+        ("succeeded", 0),
+    ),
+    (
+        "sample-python",
+        {
+            "executor": "python",
+            "timeoutSeconds": 30,
+            "command": "import platform, sys\nprint('python', platform.python_version(), 'sum', "
+            "sum(range(1000)))\nsys.exit(0)\n",
+            "placement": {"required": {"runtimes": {"python": ">=3.8"}}},
+        },
+        ("succeeded", 0),
+    ),
+    (
+        "sample-exit-3",
+        {"executor": "shell", "timeoutSeconds": 30, "command": "echo 'about to fail' >&2; exit 3"},
+        ("failed", 3),
+    ),
+    (
+        "sample-timeout",
+        {"executor": "shell", "timeoutSeconds": 2, "command": "echo sleeping; sleep 60"},
+        ("timed_out", None),
+    ),
 ]
 
 
@@ -51,8 +67,9 @@ def say(message: str) -> None:
 
 
 def manage(*args: str, capture: bool = True) -> str:
-    done = subprocess.run([PY, str(ROOT / "manage.py"), *args], cwd=ROOT, check=True, text=True,
-                          capture_output=capture)
+    done = subprocess.run(
+        [PY, str(ROOT / "manage.py"), *args], cwd=ROOT, check=True, text=True, capture_output=capture
+    )
     return done.stdout.strip() if capture else ""
 
 
@@ -64,7 +81,9 @@ class Operator:
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         request = urllib.request.Request(
-            SERVER + path, method=method, data=json.dumps(body).encode() if body is not None else None,
+            SERVER + path,
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
             headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json"},
         )
         try:
@@ -110,8 +129,22 @@ class Supervisor:
 
     def _spawn(self) -> subprocess.Popen:
         return subprocess.Popen(
-            [PY, "-m", "agent", "--state-dir", str(self.state_dir), "run", "--max-concurrent", "2",
-             "--label", "zone=local", "--poll-max", "2", "--drain-timeout", "30"],
+            [
+                PY,
+                "-m",
+                "agent",
+                "--state-dir",
+                str(self.state_dir),
+                "run",
+                "--max-concurrent",
+                "2",
+                "--label",
+                "zone=local",
+                "--poll-max",
+                "2",
+                "--drain-timeout",
+                "30",
+            ],
             cwd=ROOT,
             start_new_session=True,
         )
@@ -137,8 +170,11 @@ class Supervisor:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         self.thread.join(timeout)
-        return self.final_status if self.final_status is not None else (
-            self.process.returncode if self.process else None)
+        return (
+            self.final_status
+            if self.final_status is not None
+            else (self.process.returncode if self.process else None)
+        )
 
 
 def ensure_task(operator: Operator, name: str, spec: dict) -> None:
@@ -161,8 +197,9 @@ def main() -> int:
     say(f"operator API token: {login['token']}")
     # Its own session: a terminal Ctrl-C must not kill the control plane before the worker has
     # drained and gone offline through it.
-    server = subprocess.Popen([PY, str(ROOT / "manage.py"), "serve", "--port", str(PORT)], cwd=ROOT,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [PY, str(ROOT / "manage.py"), "serve", "--port", str(PORT)], cwd=ROOT, start_new_session=True
+    )
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     supervisor = None
@@ -171,8 +208,24 @@ def main() -> int:
         wait_for_server(server)
         token = manage("enroll_worker", "local-worker", "--token-only")
         state_dir = VAR / "worker"
-        subprocess.run([PY, "-m", "agent", "--state-dir", str(state_dir), "enroll", "--server", SERVER,
-                        "--token", token, "--worker", "local-worker"], cwd=ROOT, check=True)
+        subprocess.run(
+            [
+                PY,
+                "-m",
+                "agent",
+                "--state-dir",
+                str(state_dir),
+                "enroll",
+                "--server",
+                SERVER,
+                "--token",
+                token,
+                "--worker",
+                "local-worker",
+            ],
+            cwd=ROOT,
+            check=True,
+        )
         supervisor = Supervisor(state_dir)
         supervisor.start()
         operator = Operator(login["token"])
@@ -219,14 +272,20 @@ def _interrupt(*_: object) -> None:
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
 
 
-def watch(operator: Operator, runs: dict[str, tuple[str, tuple[str, int | None]]], supervisor: Supervisor,
-          timeout: float = 120) -> bool:
+def watch(
+    operator: Operator,
+    runs: dict[str, tuple[str, tuple[str, int | None]]],
+    supervisor: Supervisor,
+    timeout: float = 120,
+) -> bool:
     pending = dict(runs)
     ok = True
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         if supervisor.final_status is not None:
-            say(f"BAD the worker stopped (status {supervisor.final_status}) with {len(pending)} sample(s) pending")
+            say(
+                f"BAD the worker stopped (status {supervisor.final_status}) with {len(pending)} sample(s) pending"
+            )
             return False
         for run_id, (name, (state, exit_code)) in list(pending.items()):
             status, run = operator.call("GET", f"/api/v1/ops/runs/{run_id}")
@@ -237,9 +296,11 @@ def watch(operator: Operator, runs: dict[str, tuple[str, tuple[str, int | None]]
             as_expected = run["state"] == state and (exit_code is None or run["exitCode"] == exit_code)
             ok &= as_expected
             tail = (attempt.get("stdoutTail") or attempt.get("stderrTail") or "").strip().splitlines()
-            say(f"{'ok ' if as_expected else 'BAD'} {name}: {run['state']} exit={run['exitCode']} "
+            say(
+                f"{'ok ' if as_expected else 'BAD'} {name}: {run['state']} exit={run['exitCode']} "
                 f"on {attempt.get('workerName')} (attempt {attempt.get('number')})"
-                + (f" — {tail[-1][:80]}" if tail else ""))
+                + (f" — {tail[-1][:80]}" if tail else "")
+            )
         time.sleep(0.3)
     for run_id, (name, _) in pending.items():
         say(f"BAD {name}: run {run_id} did not finish within {timeout}s")

@@ -27,8 +27,14 @@ def postgres_reachable(url: str) -> str | None:
 
     parts = urlsplit(url)
     try:
-        with psycopg.connect(host=parts.hostname, port=parts.port or 5432, user=parts.username or "postgres",
-                             password=parts.password or None, dbname="postgres", connect_timeout=5):
+        with psycopg.connect(
+            host=parts.hostname,
+            port=parts.port or 5432,
+            user=parts.username or "postgres",
+            password=parts.password or None,
+            dbname="postgres",
+            connect_timeout=5,
+        ):
             return None
     except psycopg.Error as exc:
         return str(exc).strip()
@@ -36,11 +42,24 @@ def postgres_reachable(url: str) -> str | None:
 
 def pytest(env: dict[str, str], extra: list[str]) -> int:
     workers = os.environ.get("QINGLONG_TEST_WORKERS", "2")
-    command = [sys.executable, "-m", "pytest", "-n", workers, "--dist", "loadgroup", "--timeout", "600", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-n",
+        workers,
+        "--dist",
+        "loadgroup",
+        "--timeout",
+        "600",
+        *extra,
+    ]
     started = time.monotonic()
     status = subprocess.call(command, cwd=ROOT, env=env)
-    print(f"[make test] leg {env['QINGLONG_TEST_LEG']}: exit {status} in {time.monotonic() - started:.0f}s",
-          flush=True)
+    print(
+        f"[make test] leg {env['QINGLONG_TEST_LEG']}: exit {status} in {time.monotonic() - started:.0f}s",
+        flush=True,
+    )
     return status
 
 

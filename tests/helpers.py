@@ -68,8 +68,14 @@ class Session:
         return {"sessionId": str(self.session_id), "generation": self.generation}
 
 
-def register(worker: Enrolled, *, session_id: uuid.UUID | None = None, max_concurrent: int = 2,
-             slots: int | None = None, snap: caps.CapabilitySnapshot | None = None) -> Session:
+def register(
+    worker: Enrolled,
+    *,
+    session_id: uuid.UUID | None = None,
+    max_concurrent: int = 2,
+    slots: int | None = None,
+    snap: caps.CapabilitySnapshot | None = None,
+) -> Session:
     view = session_register(
         worker_id=worker.worker_id,
         session_id=session_id or uuid7(),
@@ -82,12 +88,20 @@ def register(worker: Enrolled, *, session_id: uuid.UUID | None = None, max_concu
     return Session(worker, view.session.pk, view.session.generation, view.session.version)
 
 
-def make_revision(name: str | None = None, *, command: str = "true", executor: str = "shell",
-                  timeout_seconds: int = 30, placement: dict | None = None, **policy: Any):
+def make_revision(
+    name: str | None = None,
+    *,
+    command: str = "true",
+    executor: str = "shell",
+    timeout_seconds: int = 30,
+    placement: dict | None = None,
+    **policy: Any,
+):
     return task_create(
         name=name or f"t-{secrets.token_hex(4)}",
-        spec=RevisionSpec(executor=executor, command=command, timeout_seconds=timeout_seconds,
-                                       placement=placement, **policy),
+        spec=RevisionSpec(
+            executor=executor, command=command, timeout_seconds=timeout_seconds, placement=placement, **policy
+        ),
     )
 
 
@@ -110,10 +124,25 @@ class SignedClient:
         self.client = client
         self.worker = worker
 
-    def post(self, path: str, body: Any, *, key: Ed25519PrivateKey | None = None, key_id: str | None = None,
-             headers: dict[str, str] | None = None, **sign_kwargs: Any):
+    def post(
+        self,
+        path: str,
+        body: Any,
+        *,
+        key: Ed25519PrivateKey | None = None,
+        key_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        **sign_kwargs: Any,
+    ):
         raw = body if isinstance(body, bytes) else strictjson.dumps(body)
-        signed = sign_request(method="POST", path=path, body=raw, key_id=key_id or self.worker.credential_id,
-                              private_key=key or self.worker.key, **sign_kwargs)
-        return self.client.generic("POST", path, raw, content_type="application/json",
-                                   headers={**signed, **(headers or {})})
+        signed = sign_request(
+            method="POST",
+            path=path,
+            body=raw,
+            key_id=key_id or self.worker.credential_id,
+            private_key=key or self.worker.key,
+            **sign_kwargs,
+        )
+        return self.client.generic(
+            "POST", path, raw, content_type="application/json", headers={**signed, **(headers or {})}
+        )

@@ -86,7 +86,9 @@ def check_session(
             details={"currentVersion": session.version, "state": session.state},
         )
     if purpose is Purpose.CLAIM and session.state == SessionState.DRAINING:
-        raise DomainError("session_draining", "the session is draining and takes no new runs", field="sessionId")
+        raise DomainError(
+            "session_draining", "the session is draining and takes no new runs", field="sessionId"
+        )
     return session
 
 
@@ -142,7 +144,11 @@ def lock_and_fence(
     worker = lock_worker(worker_id)
     now = db_now()
     session = fence_session(
-        worker, session_id=session_id, generation=generation, expected_version=expected_version, now=now,
+        worker,
+        session_id=session_id,
+        generation=generation,
+        expected_version=expected_version,
+        now=now,
         purpose=purpose,
     )
     return FencedSession(worker=worker, session=session, now=now)

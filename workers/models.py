@@ -40,7 +40,8 @@ class Worker(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(state__in=WorkerState.values), name="worker_state_valid"),
             models.CheckConstraint(
-                condition=~Q(state=WorkerState.REVOKED) | Q(revoked_at__isnull=False), name="worker_revoked_has_time"
+                condition=~Q(state=WorkerState.REVOKED) | Q(revoked_at__isnull=False),
+                name="worker_revoked_has_time",
             ),
         ]
 
@@ -64,7 +65,9 @@ class WorkerCredential(models.Model):
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="credentials")
     #: Unique: a key is never held by two credentials (ever), which also makes two concurrent
     #: enrollments of one key for two workers a clean conflict rather than two winners.
-    public_key = models.CharField(max_length=64, unique=True, editable=False, help_text="raw Ed25519 key, base64url")
+    public_key = models.CharField(
+        max_length=64, unique=True, editable=False, help_text="raw Ed25519 key, base64url"
+    )
     fingerprint = models.CharField(max_length=64, editable=False, help_text="SHA-256 of the raw key, hex")
     state = models.CharField(max_length=16, choices=CredentialState.choices, default=CredentialState.ACTIVE)
     created_at = models.DateTimeField(editable=False)
@@ -75,9 +78,13 @@ class WorkerCredential(models.Model):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.CheckConstraint(condition=Q(state__in=CredentialState.values), name="credential_state_valid"),
+            models.CheckConstraint(
+                condition=Q(state__in=CredentialState.values), name="credential_state_valid"
+            ),
             models.UniqueConstraint(
-                fields=["worker"], condition=Q(state=CredentialState.ACTIVE), name="one_active_credential_per_worker"
+                fields=["worker"],
+                condition=Q(state=CredentialState.ACTIVE),
+                name="one_active_credential_per_worker",
             ),
             models.CheckConstraint(
                 condition=~Q(state=CredentialState.ROTATED) | Q(not_after__isnull=False),
@@ -94,7 +101,9 @@ class EnrollmentToken(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="enrollment_tokens")
-    digest = models.CharField(max_length=64, unique=True, editable=False, help_text="SHA-256 of the token, hex")
+    digest = models.CharField(
+        max_length=64, unique=True, editable=False, help_text="SHA-256 of the token, hex"
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -148,13 +157,16 @@ class WorkerSession(models.Model):
             models.CheckConstraint(condition=Q(state__in=SessionState.values), name="session_state_valid"),
             models.UniqueConstraint(fields=["worker", "generation"], name="session_generation_unique"),
             models.UniqueConstraint(
-                fields=["worker"], condition=Q(state__in=LIVE_SESSION_STATES), name="one_live_session_per_worker"
+                fields=["worker"],
+                condition=Q(state__in=LIVE_SESSION_STATES),
+                name="one_live_session_per_worker",
             ),
             models.CheckConstraint(
                 condition=Q(available_slots__lte=models.F("max_concurrent_runs")), name="slots_within_maximum"
             ),
             models.CheckConstraint(
-                condition=~Q(state=SessionState.DRAINING) | Q(available_slots=0), name="draining_has_no_capacity"
+                condition=~Q(state=SessionState.DRAINING) | Q(available_slots=0),
+                name="draining_has_no_capacity",
             ),
             models.CheckConstraint(condition=Q(generation__gte=1), name="session_generation_positive"),
         ]

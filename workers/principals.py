@@ -45,6 +45,7 @@ _SESSION_OWNER_KEY = "worker-session-owner:{}"
 #: Session ownership never changes; a day keeps the hot set warm without growing for ever.
 SESSION_OWNER_CACHE_SECONDS = 24 * 3600
 
+
 @dataclass(frozen=True)
 class WorkerPrincipal:
     """The authenticated worker behind a request. Identity comes from here, never from a body."""
@@ -105,8 +106,12 @@ def _bump_credential_epoch() -> None:
         tmp.write_text(secrets.token_hex(8), encoding="ascii")
         os.replace(tmp, path)
     except OSError as exc:  # the change is committed; only other processes learn of it late
-        log.error("could not write the credential epoch %s (%s): other processes of this installation keep "
-                  "cached credentials for up to CREDENTIAL_CACHE_SECONDS", path, exc)
+        log.error(
+            "could not write the credential epoch %s (%s): other processes of this installation keep "
+            "cached credentials for up to CREDENTIAL_CACHE_SECONDS",
+            path,
+            exc,
+        )
 
 
 def _credential_key(key_id: str) -> str:

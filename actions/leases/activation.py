@@ -38,14 +38,27 @@ START_FAILURES = {
 
 
 def _fence_ack(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
-    lease_token: str, offer_id: uuid.UUID, lease_version: int | None,
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    offer_id: uuid.UUID,
+    lease_version: int | None,
 ) -> LeaseFence:
     """The opening every activation ACK shares: both fences, the offer id the lease was claimed
     with, and — unless ``lease_version`` is None (the start-failure replay check comes first) —
     an active lease at that version."""
-    ctx = fence_lease(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
-                      lease_generation=lease_generation, lease_token=lease_token)
+    ctx = fence_lease(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        attempt_id=attempt_id,
+        lease_generation=lease_generation,
+        lease_token=lease_token,
+    )
     if ctx.lease.offer_id != offer_id:
         raise DomainError("lease_offer_conflict", "the offer id does not match the lease", field="offerId")
     if lease_version is not None:
@@ -56,8 +69,15 @@ def _fence_ack(
 
 @write_path
 def lease_starting(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
-    lease_token: str, offer_id: uuid.UUID, lease_version: int,
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    offer_id: uuid.UUID,
+    lease_version: int,
 ) -> AckResult:
     """Starting ACK: the worker accepted the offer (ADR-0012 §3, SIBLINGS §3). Attempt claimed → starting.
 
@@ -74,25 +94,48 @@ def lease_starting(
     Raises: fence codes, ``lease_offer_conflict``, ``lease_version_conflict``, ``lease_expired``,
     ``lease_released``, ``lease_completed``, ``lock_timeout``.
     """
-    ctx = _fence_ack(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
-                     lease_generation=lease_generation, lease_token=lease_token, offer_id=offer_id,
-                     lease_version=lease_version)
+    ctx = _fence_ack(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        attempt_id=attempt_id,
+        lease_generation=lease_generation,
+        lease_token=lease_token,
+        offer_id=offer_id,
+        lease_version=lease_version,
+    )
     lease, attempt = ctx.lease, ctx.attempt
     cancel = ctx.run.cancel_requested_at is not None
     if attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
         return AckResult(f"already_{attempt.state}", lease, cancel, renew_interval())
     expires = ctx.now + timedelta(seconds=protocol().run_lease_seconds)
     lease_cas(lease, "the starting ACK", starting_at=ctx.now, expires_at=expires)
-    move_attempt(attempt, AttemptState.STARTING, actor_type=ActorType.WORKER, actor=ctx.worker.name,
-                 data={"lease_generation": lease.lease_generation}, lease_expires_at=expires)
+    move_attempt(
+        attempt,
+        AttemptState.STARTING,
+        actor_type=ActorType.WORKER,
+        actor=ctx.worker.name,
+        data={"lease_generation": lease.lease_generation},
+        lease_expires_at=expires,
+    )
     lease.starting_at, lease.expires_at = ctx.now, expires
     return AckResult("starting", lease, cancel, renew_interval())
 
 
 @write_path
 def lease_running(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
-    lease_token: str, offer_id: uuid.UUID, lease_version: int, pid: int, pgid: int | None, executor_handle: str,
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    offer_id: uuid.UUID,
+    lease_version: int,
+    pid: int,
+    pgid: int | None,
+    executor_handle: str,
 ) -> AckResult:
     """Running ACK: the executor owns a process (ADR-0012 §3, SIBLINGS §3). Attempt and run → running.
 
@@ -110,31 +153,61 @@ def lease_running(
     """
     if len(executor_handle) > MAX_HANDLE:
         raise DomainError("validation_failed", f"at most {MAX_HANDLE} characters", field="executorHandle")
-    ctx = _fence_ack(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
-                     lease_generation=lease_generation, lease_token=lease_token, offer_id=offer_id,
-                     lease_version=lease_version)
+    ctx = _fence_ack(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        attempt_id=attempt_id,
+        lease_generation=lease_generation,
+        lease_token=lease_token,
+        offer_id=offer_id,
+        lease_version=lease_version,
+    )
     lease, attempt, run = ctx.lease, ctx.attempt, ctx.run
     cancel = run.cancel_requested_at is not None
     if attempt.state == AttemptState.RUNNING:
         if (attempt.pid, attempt.pgid, attempt.executor_handle) != (pid, pgid, executor_handle):
-            raise DomainError("executor_handle_mismatch", "the attempt runs under another handle",
-                              field="executorHandle")
+            raise DomainError(
+                "executor_handle_mismatch", "the attempt runs under another handle", field="executorHandle"
+            )
         return AckResult("already_running", lease, cancel, renew_interval())
     if attempt.state != AttemptState.STARTING:
         raise DomainError("attempt_not_started", "send the starting ACK first", field="attemptId")
     lease_cas(lease, "the running ACK", running_at=ctx.now)
-    move_attempt(attempt, AttemptState.RUNNING, actor_type=ActorType.WORKER, actor=ctx.worker.name,
-                 started_at=ctx.now, pid=pid, pgid=pgid, executor_handle=executor_handle)
-    move_run(run, RunState.RUNNING, actor_type=ActorType.WORKER, actor=ctx.worker.name, started_at=ctx.now,
-             data={"attempt": attempt.number})
+    move_attempt(
+        attempt,
+        AttemptState.RUNNING,
+        actor_type=ActorType.WORKER,
+        actor=ctx.worker.name,
+        started_at=ctx.now,
+        pid=pid,
+        pgid=pgid,
+        executor_handle=executor_handle,
+    )
+    move_run(
+        run,
+        RunState.RUNNING,
+        actor_type=ActorType.WORKER,
+        actor=ctx.worker.name,
+        started_at=ctx.now,
+        data={"attempt": attempt.number},
+    )
     lease.running_at = ctx.now
     return AckResult("running", lease, cancel, renew_interval())
 
 
 @write_path
 def lease_start_failed(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
-    lease_token: str, offer_id: uuid.UUID, lease_version: int, reason: str,
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    offer_id: uuid.UUID,
+    lease_version: int,
+    reason: str,
 ) -> AckResult:
     """The worker could not (or must not) start the attempt: end it in one transaction (SIBLINGS §3).
 
@@ -153,9 +226,16 @@ def lease_start_failed(
     if reason not in START_FAILURES:
         raise DomainError("validation_failed", f"must be one of {', '.join(START_FAILURES)}", field="reason")
     outcome = START_FAILURES[reason]
-    ctx = _fence_ack(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
-                     lease_generation=lease_generation, lease_token=lease_token, offer_id=offer_id,
-                     lease_version=None)
+    ctx = _fence_ack(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        attempt_id=attempt_id,
+        lease_generation=lease_generation,
+        lease_token=lease_token,
+        offer_id=offer_id,
+        lease_version=None,
+    )
     lease, attempt, run = ctx.lease, ctx.attempt, ctx.run
     if (
         lease.state == LeaseState.COMPLETED
@@ -166,16 +246,32 @@ def lease_start_failed(
         return AckResult("start_failed", lease, run.cancel_requested_at is not None, renew_interval())
     require_active(lease, ctx.now)
     check_lease_version(lease, lease_version)
-    if not (attempt.state == AttemptState.STARTING or (attempt.state == AttemptState.CLAIMED
-                                                       and outcome == AttemptState.CANCELLED)):
-        raise DomainError("attempt_already_started" if attempt.state == AttemptState.RUNNING else "attempt_not_started",
-                          f"a start failure cannot end a {attempt.state} attempt", field="attemptId")
+    if not (
+        attempt.state == AttemptState.STARTING
+        or (attempt.state == AttemptState.CLAIMED and outcome == AttemptState.CANCELLED)
+    ):
+        raise DomainError(
+            "attempt_already_started" if attempt.state == AttemptState.RUNNING else "attempt_not_started",
+            f"a start failure cannot end a {attempt.state} attempt",
+            field="attemptId",
+        )
     if outcome == AttemptState.CANCELLED and run.cancel_requested_at is None:
-        raise DomainError("cancel_not_requested", "nobody asked to cancel this run; release the lease instead",
-                          field="reason")
-    lease_cas(lease, "the start failure", bump=True, state=LeaseState.COMPLETED, ended_at=ctx.now,
-               completion_sequence=0, completion_outcome=outcome)
+        raise DomainError(
+            "cancel_not_requested",
+            "nobody asked to cancel this run; release the lease instead",
+            field="reason",
+        )
+    lease_cas(
+        lease,
+        "the start failure",
+        bump=True,
+        state=LeaseState.COMPLETED,
+        ended_at=ctx.now,
+        completion_sequence=0,
+        completion_outcome=outcome,
+    )
     lease.refresh_from_db()
-    conclude_attempt(run, attempt, outcome, now=ctx.now, actor_type=ActorType.WORKER, actor=ctx.worker.name,
-                     reason=reason)
+    conclude_attempt(
+        run, attempt, outcome, now=ctx.now, actor_type=ActorType.WORKER, actor=ctx.worker.name, reason=reason
+    )
     return AckResult("start_failed", lease, run.cancel_requested_at is not None, renew_interval())

@@ -69,19 +69,30 @@ def _check_offers(offers: list[OfferRequest]) -> None:
         if not isinstance(request.offer_id, uuid.UUID):
             raise DomainError("validation_failed", "must be a UUID", field=f"offers[{index}].offerId")
         if not isinstance(request.lease_token, str) or not TOKEN.match(request.lease_token):
-            raise DomainError("validation_failed", "must be base64url of at least 128 bits",
-                              field=f"offers[{index}].leaseToken")
+            raise DomainError(
+                "validation_failed",
+                "must be base64url of at least 128 bits",
+                field=f"offers[{index}].leaseToken",
+            )
         if request.offer_id in seen_ids:
-            raise DomainError("validation_failed", "an offer id appears twice in one claim",
-                              field=f"offers[{index}].offerId")
+            raise DomainError(
+                "validation_failed",
+                "an offer id appears twice in one claim",
+                field=f"offers[{index}].offerId",
+            )
         if request.lease_token in seen_tokens:
-            raise DomainError("validation_failed", "a lease token appears twice in one claim",
-                              field=f"offers[{index}].leaseToken")
+            raise DomainError(
+                "validation_failed",
+                "a lease token appears twice in one claim",
+                field=f"offers[{index}].leaseToken",
+            )
         seen_ids.add(request.offer_id)
         seen_tokens.add(request.lease_token)
 
 
-def _candidate_pages(now: datetime, wanted: int, snapshot: dict) -> Iterator[tuple[list[RunAttempt], dict[str, int]]]:
+def _candidate_pages(
+    now: datetime, wanted: int, snapshot: dict
+) -> Iterator[tuple[list[RunAttempt], dict[str, int]]]:
     """Pages of claimable attempts this worker's capabilities admit, in dispatch order.
 
     The queue is probed per placement class (``runs.selectors``): find the classes waiting (one
@@ -108,7 +119,9 @@ def _candidate_pages(now: datetime, wanted: int, snapshot: dict) -> Iterator[tup
             scores[sha] = fit.score
     if not scores:
         return
-    probed = list(scores) if len(scores) <= CLAIM_MAX_CLASSES else random.sample(list(scores), CLAIM_MAX_CLASSES)
+    probed = (
+        list(scores) if len(scores) <= CLAIM_MAX_CLASSES else random.sample(list(scores), CLAIM_MAX_CLASSES)
+    )
     cursor = None
     size = min(QUEUE_PAGE, max(CLAIM_FIRST_PAGE, 4 * wanted))
     for _ in range(CLAIM_MAX_PAGES):
@@ -131,27 +144,39 @@ def _claimable(attempt: RunAttempt, run: Run, now: datetime) -> bool:
     )
 
 
-def _replay(lease: RunDispatchLease, request: OfferRequest, session: WorkerSession, index: int,
-            now: datetime) -> Offer:
+def _replay(
+    lease: RunDispatchLease, request: OfferRequest, session: WorkerSession, index: int, now: datetime
+) -> Offer:
     if (
         not token_matches(request.lease_token, lease.token_digest, worker_id=lease.worker_id)
         or lease.session_id != session.pk
     ):
         raise DomainError(
-            "lease_offer_conflict", "this offer id was claimed with another token or session",
+            "lease_offer_conflict",
+            "this offer id was claimed with another token or session",
             field=f"offers[{index}].offerId",
         )
     require_active(lease, now, field=f"offers[{index}].offerId")
     spec = execution_spec(lease.run, lease.attempt)
     if spec_sha256(spec) != lease.spec_sha256:
         # The pinned revision is immutable, so this cannot drift; if it ever does, fail closed.
-        raise DomainError("lease_offer_conflict", "the offer no longer rebuilds identically",
-                          field=f"offers[{index}].offerId")
+        raise DomainError(
+            "lease_offer_conflict",
+            "the offer no longer rebuilds identically",
+            field=f"offers[{index}].offerId",
+        )
     return Offer(lease=lease, execution=spec, status="idempotent", renew_interval_seconds=renew_interval())
 
 
-def _create_lease(worker: Worker, session: WorkerSession, run: Run, attempt: RunAttempt, request: OfferRequest,
-                  now: datetime, score: int) -> Offer:
+def _create_lease(
+    worker: Worker,
+    session: WorkerSession,
+    run: Run,
+    attempt: RunAttempt,
+    request: OfferRequest,
+    now: datetime,
+    score: int,
+) -> Offer:
     spec = execution_spec(run, attempt)
     lease = RunDispatchLease.objects.create(
         attempt=attempt,
@@ -175,11 +200,23 @@ def _create_lease(worker: Worker, session: WorkerSession, run: Run, attempt: Run
     )
     facts = {"lease_generation": lease.lease_generation, "attempt": attempt.number, "score": score}
     if run.state == RunState.QUEUED:
-        move_run(run, RunState.DISPATCHING, actor_type=ActorType.WORKER, actor=worker.name, data=facts,
-                 placement_summary=None)
+        move_run(
+            run,
+            RunState.DISPATCHING,
+            actor_type=ActorType.WORKER,
+            actor=worker.name,
+            data=facts,
+            placement_summary=None,
+        )
     else:  # the same attempt, dispatched again under a new lease generation
-        bump_run(run, "run.dispatching", actor_type=ActorType.WORKER, actor=worker.name, data=facts,
-                 placement_summary=None)
+        bump_run(
+            run,
+            "run.dispatching",
+            actor_type=ActorType.WORKER,
+            actor=worker.name,
+            data=facts,
+            placement_summary=None,
+        )
     record(
         "lease.claimed",
         actor_type=ActorType.WORKER,
@@ -231,7 +268,10 @@ def lease_claim(
     """
     _check_offers(offers)
     fenced = lock_and_fence(
-        worker_id=worker_id, session_id=session_id, generation=generation, expected_version=None,
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        expected_version=None,
         purpose=Purpose.LEASE,
     )
     worker, session, now = fenced.worker, fenced.session, fenced.now
@@ -242,15 +282,18 @@ def lease_claim(
         # are bound to the worker, so only this worker's leases can match).
         digest = token_digest(request.lease_token, worker_id=worker.pk)
         seen = list(
-            RunDispatchLease.objects.select_related("run__revision", "attempt")
-            .filter(Q(offer_id=request.offer_id) | Q(token_digest=digest), worker_id=worker.pk)[:2]
+            RunDispatchLease.objects.select_related("run__revision", "attempt").filter(
+                Q(offer_id=request.offer_id) | Q(token_digest=digest), worker_id=worker.pk
+            )[:2]
         )
         existing = next((lease for lease in seen if lease.offer_id == request.offer_id), None)
         if existing is not None:
             answered.append(_replay(existing, request, session, index, now))
         elif seen:
             raise DomainError(
-                "lease_offer_conflict", "this lease token was already used", field=f"offers[{index}].leaseToken"
+                "lease_offer_conflict",
+                "this lease token was already used",
+                field=f"offers[{index}].leaseToken",
             )
         else:
             fresh.append((index, request))
@@ -259,7 +302,9 @@ def lease_claim(
     if session.state == SessionState.DRAINING:
         if answered:
             return answered
-        raise DomainError("session_draining", "the session is draining and takes no new runs", field="sessionId")
+        raise DomainError(
+            "session_draining", "the session is draining and takes no new runs", field="sessionId"
+        )
     active = RunDispatchLease.objects.filter(session_id=session.pk, state=LeaseState.LEASED).count()
     free = min(session.max_concurrent_runs, session.available_slots) - active
     if free <= 0:
@@ -298,10 +343,17 @@ def lease_claim(
                 if not _claimable(attempt, run, now):
                     continue
                 if attempt.lease_expires_at is not None:  # an unstarted lease lapsed: take it over
-                    lapsed = RunDispatchLease.objects.filter(attempt_id=attempt.pk, state=LeaseState.LEASED).first()
+                    lapsed = RunDispatchLease.objects.filter(
+                        attempt_id=attempt.pk, state=LeaseState.LEASED
+                    ).first()
                     if lapsed is not None:
-                        settle_lease(lapsed, reason=ReleaseReason.DISPATCH_TIMEOUT, now=now,
-                                     actor_type=ActorType.RECONCILER, expired_only=True)
+                        settle_lease(
+                            lapsed,
+                            reason=ReleaseReason.DISPATCH_TIMEOUT,
+                            now=now,
+                            actor_type=ActorType.RECONCILER,
+                            expired_only=True,
+                        )
                         attempt.refresh_from_db()
                         run.refresh_from_db()
                         if not _claimable(attempt, run, now):
@@ -311,7 +363,7 @@ def lease_claim(
                 ranking.claimed_one()
             # Candidates up to the last locked one were locked (and tried) or passed over: go on after it.
             last = next(i for i, a in enumerate(eligible) if a.pk == locked[-1].pk)
-            eligible = eligible[last + 1:]
+            eligible = eligible[last + 1 :]
         if len(claimed) == wanted:
             break
     return answered + claimed

@@ -1,5 +1,4 @@
-"""Completion: an attempt's result under both fences, in one transaction (ADR-0012 §3; ``docs/leases.md`` Completion).
-"""
+"""Completion: an attempt's result under both fences, in one transaction (ADR-0012 §3; ``docs/leases.md`` Completion)."""
 
 from __future__ import annotations
 
@@ -61,8 +60,14 @@ class CompletionResult:
 
 @write_path
 def lease_complete(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
-    lease_token: str, completion: Completion,
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    completion: Completion,
 ) -> CompletionResult:
     """Record an attempt's result under both fences, in one transaction (ADR-0012 §3, PRODUCT invariant 6).
 
@@ -85,13 +90,21 @@ def lease_complete(
         raise DomainError("validation_failed", f"must be one of {', '.join(OUTCOMES)}", field="outcome")
     if completion.outcome == AttemptState.SUCCEEDED and completion.exit_code != 0:
         raise DomainError("validation_failed", "a succeeded attempt exits with 0", field="exitCode")
-    ctx = fence_lease(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
-                 lease_generation=lease_generation, lease_token=lease_token)
+    ctx = fence_lease(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        attempt_id=attempt_id,
+        lease_generation=lease_generation,
+        lease_token=lease_token,
+    )
     lease, attempt, run = ctx.lease, ctx.attempt, ctx.run
     digest = completion.sha256()
     if lease.state == LeaseState.COMPLETED:
         if lease.completion_sequence == completion.sequence and lease.completion_sha256 == digest:
-            return CompletionResult(attempt.pk, lease.lease_generation, completion.sequence, lease.completion_outcome)
+            return CompletionResult(
+                attempt.pk, lease.lease_generation, completion.sequence, lease.completion_outcome
+            )
         raise DomainError("lease_completed", "the run lease already completed with another result")
     require_active(lease, ctx.now)
     if attempt.state != AttemptState.RUNNING:
@@ -99,14 +112,29 @@ def lease_complete(
     if completion.outcome == AttemptState.CANCELLED and run.cancel_requested_at is None:
         # Only an operator's cancellation ends a run cancelled; a worker that stops a job on its
         # own reports failed (or timed_out), and the retry policy decides.
-        raise DomainError("cancel_not_requested", "nobody asked to cancel this run; report failed instead",
-                          field="outcome")
-    lease_cas(lease, "the completion", bump=True, state=LeaseState.COMPLETED, ended_at=ctx.now,
-               completion_sequence=completion.sequence, completion_sha256=digest,
-               completion_outcome=completion.outcome)
+        raise DomainError(
+            "cancel_not_requested", "nobody asked to cancel this run; report failed instead", field="outcome"
+        )
+    lease_cas(
+        lease,
+        "the completion",
+        bump=True,
+        state=LeaseState.COMPLETED,
+        ended_at=ctx.now,
+        completion_sequence=completion.sequence,
+        completion_sha256=digest,
+        completion_outcome=completion.outcome,
+    )
     conclude_attempt(
-        run, attempt, completion.outcome, now=ctx.now, actor_type=ActorType.WORKER, actor=ctx.worker.name,
-        exit_code=completion.exit_code, stdout_tail=completion.stdout_tail, stderr_tail=completion.stderr_tail,
+        run,
+        attempt,
+        completion.outcome,
+        now=ctx.now,
+        actor_type=ActorType.WORKER,
+        actor=ctx.worker.name,
+        exit_code=completion.exit_code,
+        stdout_tail=completion.stdout_tail,
+        stderr_tail=completion.stderr_tail,
     )
     record(
         "lease.completed",

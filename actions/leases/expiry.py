@@ -46,8 +46,14 @@ def lease_expire(*, lease_id: uuid.UUID, observed_version: int) -> bool:
         return False
     lock_worker(lease.worker_id)
     now = db_now()
-    return settle_lease(lease, reason=ReleaseReason.LEASE_EXPIRED, now=now, actor_type=ActorType.RECONCILER,
-                        expired_only=True, observed_version=observed_version)
+    return settle_lease(
+        lease,
+        reason=ReleaseReason.LEASE_EXPIRED,
+        now=now,
+        actor_type=ActorType.RECONCILER,
+        expired_only=True,
+        observed_version=observed_version,
+    )
 
 
 def expired_leases(*, batch: int | None = None) -> list[tuple[uuid.UUID, int]]:

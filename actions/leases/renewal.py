@@ -1,5 +1,4 @@
-"""Renew and release an existing run lease (ADR-0012 §3; ``docs/leases.md`` Renew and release).
-"""
+"""Renew and release an existing run lease (ADR-0012 §3; ``docs/leases.md`` Renew and release)."""
 
 from __future__ import annotations
 
@@ -26,8 +25,14 @@ from runs.transitions import update_attempt
 
 @write_path
 def lease_renew(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
-    lease_token: str, lease_version: int,
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    lease_version: int,
 ) -> AckResult:
     """Extend a started attempt's lease (ADR-0012 §3, SIBLINGS §6 "Renew CASes lease version and projection").
 
@@ -42,8 +47,14 @@ def lease_renew(
     Raises: fence codes, ``lease_version_conflict``, ``lease_expired``, ``lease_released``,
     ``lease_completed``, ``attempt_not_started``, ``lock_timeout``.
     """
-    ctx = fence_lease(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
-                 lease_generation=lease_generation, lease_token=lease_token)
+    ctx = fence_lease(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        attempt_id=attempt_id,
+        lease_generation=lease_generation,
+        lease_token=lease_token,
+    )
     lease = ctx.lease
     require_active(lease, ctx.now)
     check_lease_version(lease, lease_version)
@@ -58,8 +69,14 @@ def lease_renew(
 
 @write_path
 def lease_release(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, attempt_id: uuid.UUID, lease_generation: int,
-    lease_token: str, lease_version: int,
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    lease_version: int,
 ) -> AckResult:
     """Hand back an attempt that has not started (ADR-0012 §3); it returns to the queue.
 
@@ -72,14 +89,30 @@ def lease_release(
     Raises: fence codes, ``lease_version_conflict``, ``lease_expired``, ``lease_released``,
     ``lease_completed``, ``attempt_already_started``, ``lock_timeout``.
     """
-    ctx = fence_lease(worker_id=worker_id, session_id=session_id, generation=generation, attempt_id=attempt_id,
-                 lease_generation=lease_generation, lease_token=lease_token)
+    ctx = fence_lease(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        attempt_id=attempt_id,
+        lease_generation=lease_generation,
+        lease_token=lease_token,
+    )
     require_active(ctx.lease, ctx.now)
     check_lease_version(ctx.lease, lease_version)
     if ctx.attempt.state != AttemptState.CLAIMED:
-        raise DomainError("attempt_already_started", "a started attempt cannot be released", field="attemptId")
-    if not settle_lease(ctx.lease, reason=ReleaseReason.WORKER_RELEASE, now=ctx.now, actor_type=ActorType.WORKER,
-                        actor=ctx.worker.name, observed_version=lease_version):
-        raise DomainError("lease_version_conflict", "the lease changed under the release", field="leaseVersion")
+        raise DomainError(
+            "attempt_already_started", "a started attempt cannot be released", field="attemptId"
+        )
+    if not settle_lease(
+        ctx.lease,
+        reason=ReleaseReason.WORKER_RELEASE,
+        now=ctx.now,
+        actor_type=ActorType.WORKER,
+        actor=ctx.worker.name,
+        observed_version=lease_version,
+    ):
+        raise DomainError(
+            "lease_version_conflict", "the lease changed under the release", field="leaseVersion"
+        )
     ctx.lease.refresh_from_db()
     return AckResult("released", ctx.lease, ctx.run.cancel_requested_at is not None, renew_interval())

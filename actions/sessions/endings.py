@@ -27,7 +27,9 @@ def end_session(session: WorkerSession, *, state: str, reason: str, now: datetim
         state=state, end_reason=reason, ended_at=now, available_slots=0, version=F("version") + 1
     )
     if changed != 1:
-        raise DomainError("session_version_conflict", "the session changed under the transition", field="sessionId")
+        raise DomainError(
+            "session_version_conflict", "the session changed under the transition", field="sessionId"
+        )
     # Under the worker lock nothing else moved the row: mirror the update instead of re-reading.
     session.state, session.end_reason, session.ended_at, session.available_slots = state, reason, now, 0
     session.version += 1
@@ -37,11 +39,13 @@ def expire_session(session: WorkerSession, *, now: datetime, actor_type: str) ->
     """Mark a live session whose lease lapsed (by ``now``) ``expired``, settle its run leases and
     record ``session.expired``. The CAS re-checks state and expiry; False if it changed nothing."""
 
-
     changed = WorkerSession.objects.filter(
         pk=session.pk, state__in=LIVE_SESSION_STATES, lease_expires_at__lte=now
     ).update(
-        state=SessionState.EXPIRED, end_reason="lease_expired", ended_at=now, available_slots=0,
+        state=SessionState.EXPIRED,
+        end_reason="lease_expired",
+        ended_at=now,
+        available_slots=0,
         version=F("version") + 1,
     )
     if not changed:
@@ -59,7 +63,12 @@ def expire_session(session: WorkerSession, *, now: datetime, actor_type: str) ->
 
 
 def fence_live_session(
-    worker: Worker, *, reason: str, now: datetime, actor_type: str, actor: str = "",
+    worker: Worker,
+    *,
+    reason: str,
+    now: datetime,
+    actor_type: str,
+    actor: str = "",
     current: WorkerSession | None = None,
 ) -> WorkerSession | None:
     """Fence the worker's live session, if any, and settle its run leases (same transaction).
@@ -72,7 +81,6 @@ def fence_live_session(
     whatever ``leases.settlement`` writes (started attempts lost, unstarted ones back in the
     queue). Returns the fenced session, or ``None`` if none was live.
     """
-
 
     if current is None:
         current = WorkerSession.objects.filter(worker_id=worker.pk, state__in=LIVE_SESSION_STATES).first()

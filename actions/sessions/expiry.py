@@ -1,5 +1,4 @@
-"""Session expiry sweep: mark lapsed sessions expired and settle their leases (ADR-0012 §3).
-"""
+"""Session expiry sweep: mark lapsed sessions expired and settle their leases (ADR-0012 §3)."""
 
 from __future__ import annotations
 

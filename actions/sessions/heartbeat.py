@@ -1,5 +1,4 @@
-"""Heartbeat: keep a session alive and report free capacity (ADR-0012 §3, §5; ``docs/sessions.md`` Heartbeat cost).
-"""
+"""Heartbeat: keep a session alive and report free capacity (ADR-0012 §3, §5; ``docs/sessions.md`` Heartbeat cost)."""
 
 from __future__ import annotations
 
@@ -31,7 +30,10 @@ def _lease_needs_extension(session: WorkerSession, now: datetime) -> bool:
 
 
 def _heartbeat_needs_write(session: WorkerSession, available_slots: int, now: datetime) -> bool:
-    return _lease_needs_extension(session, now) or _effective_slots(session, available_slots) != session.available_slots
+    return (
+        _lease_needs_extension(session, now)
+        or _effective_slots(session, available_slots) != session.available_slots
+    )
 
 
 def session_heartbeat(
@@ -60,7 +62,6 @@ def session_heartbeat(
     ``lock_timeout``.
     """
 
-
     session = (
         WorkerSession.objects.select_related("worker")
         .annotate(db_now=Now())
@@ -71,12 +72,24 @@ def session_heartbeat(
         worker = Worker.objects.filter(pk=worker_id).first()
         if worker is None:
             raise DomainError("worker_not_found", "no such worker")
-        check_session(worker, None, generation=generation, expected_version=expected_version, now=db_now(),
-                      purpose=Purpose.HEARTBEAT)
+        check_session(
+            worker,
+            None,
+            generation=generation,
+            expected_version=expected_version,
+            now=db_now(),
+            purpose=Purpose.HEARTBEAT,
+        )
         raise AssertionError("check_session accepts no missing session")
     now = session.db_now
-    check_session(session.worker, session, generation=generation, expected_version=expected_version, now=now,
-                  purpose=Purpose.HEARTBEAT)
+    check_session(
+        session.worker,
+        session,
+        generation=generation,
+        expected_version=expected_version,
+        now=now,
+        purpose=Purpose.HEARTBEAT,
+    )
     if available_slots > session.max_concurrent_runs:
         raise DomainError(
             "slots_exceed_maximum",
@@ -102,11 +115,19 @@ def session_heartbeat(
 
 @write_path
 def _heartbeat_write(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, expected_version: int, available_slots: int
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    expected_version: int,
+    available_slots: int,
 ) -> SessionView:
     """The heartbeat's write, under the worker lock: extend the lease and/or store new slots."""
     fenced = lock_and_fence(
-        worker_id=worker_id, session_id=session_id, generation=generation, expected_version=expected_version,
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        expected_version=expected_version,
         purpose=Purpose.HEARTBEAT,
     )
     worker, session, now = fenced.worker, fenced.session, fenced.now
@@ -120,11 +141,15 @@ def _heartbeat_write(
     if updates:
         # The fence is in the WHERE clause too: a lapsed or ended session is never extended.
         changed = WorkerSession.objects.filter(
-            pk=session.pk, generation=generation, version=expected_version, state__in=LIVE_SESSION_STATES,
+            pk=session.pk,
+            generation=generation,
+            version=expected_version,
+            state__in=LIVE_SESSION_STATES,
             lease_expires_at__gt=now,
         ).update(**updates)
         if changed != 1:
-            raise DomainError("session_version_conflict", "the session changed under the heartbeat",
-                              field="expectedVersion")
+            raise DomainError(
+                "session_version_conflict", "the session changed under the heartbeat", field="expectedVersion"
+            )
         session.refresh_from_db()
     return SessionView(session=session, server_time=now)

@@ -1,5 +1,4 @@
-"""Session registration: a process start registers, replays or is refused (ADR-0012 §2, §3, §6; ``docs/sessions.md``).
-"""
+"""Session registration: a process start registers, replays or is refused (ADR-0012 §2, §3, §6; ``docs/sessions.md``)."""
 
 from __future__ import annotations
 
@@ -65,7 +64,11 @@ def _replay(worker: Worker, existing: WorkerSession, digest: str, now: datetime)
     if existing.worker_id == worker.pk and existing.registration_sha256 == digest:
         # Same process asking again (a lost response): answer as before, if it still may act.
         check_session(
-            worker, existing, generation=existing.generation, expected_version=None, now=now,
+            worker,
+            existing,
+            generation=existing.generation,
+            expected_version=None,
+            now=now,
             purpose=Purpose.REGISTER,
         )
         replaced = Event.objects.filter(kind="session.replaced", session_id=existing.pk).exists()
@@ -81,7 +84,9 @@ def _replay(worker: Worker, existing: WorkerSession, digest: str, now: datetime)
     )
     return Refusal(
         DomainError(
-            "session_replay_conflict", "this session id was registered with different content", field="sessionId"
+            "session_replay_conflict",
+            "this session id was registered with different content",
+            field="sessionId",
         )
     )
 
@@ -153,8 +158,9 @@ def session_register(
         refusal = _takeover_refusal(worker, now)
         if refusal is not None:
             return refusal
-        replaced = fence_live_session(worker, reason="superseded", now=now, actor_type=ActorType.WORKER,
-                                      current=current)
+        replaced = fence_live_session(
+            worker, reason="superseded", now=now, actor_type=ActorType.WORKER, current=current
+        )
 
     # The live session, when there was one, is the newest (and now ended, version bumped).
     latest = current or WorkerSession.objects.filter(worker_id=worker.pk).order_by("-generation").first()

@@ -1,5 +1,4 @@
-"""Drain and offline: a session stops taking work, then ends (ADR-0012 §5; ``docs/sessions.md`` Drain and offline).
-"""
+"""Drain and offline: a session stops taking work, then ends (ADR-0012 §5; ``docs/sessions.md`` Drain and offline)."""
 
 from __future__ import annotations
 
@@ -41,17 +40,22 @@ def session_drain(
     Raises: every ``fence_session`` code, ``storage_busy``, ``lock_timeout``.
     """
     fenced = lock_and_fence(
-        worker_id=worker_id, session_id=session_id, generation=generation, expected_version=expected_version,
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        expected_version=expected_version,
         purpose=Purpose.DRAIN,
     )
     worker, session, now = fenced.worker, fenced.session, fenced.now
     if session.state == SessionState.DRAINING:
         return SessionView(session=session, server_time=now)
-    changed = WorkerSession.objects.filter(pk=session.pk, version=expected_version, state=SessionState.ONLINE).update(
-        state=SessionState.DRAINING, drained_by="worker", available_slots=0, version=F("version") + 1
-    )
+    changed = WorkerSession.objects.filter(
+        pk=session.pk, version=expected_version, state=SessionState.ONLINE
+    ).update(state=SessionState.DRAINING, drained_by="worker", available_slots=0, version=F("version") + 1)
     if changed != 1:
-        raise DomainError("session_version_conflict", "the session changed under the drain", field="expectedVersion")
+        raise DomainError(
+            "session_version_conflict", "the session changed under the drain", field="expectedVersion"
+        )
     session.refresh_from_db()
     record(
         "session.drained",
@@ -68,8 +72,6 @@ def _take_offline(
 ) -> SessionView:
     """End a live session ``offline`` (caller holds the worker lock and fenced the session)."""
 
-
-
     active = active_lease_count(session.pk)
     if active and not force:
         raise DomainError(
@@ -78,10 +80,17 @@ def _take_offline(
             field="sessionId",
             details={"activeLeases": active},
         )
-    reason = "worker_offline" if actor_type == ActorType.WORKER else ("forced_offline" if active else "operator_offline")
+    reason = (
+        "worker_offline"
+        if actor_type == ActorType.WORKER
+        else ("forced_offline" if active else "operator_offline")
+    )
     end_session(session, state=SessionState.OFFLINE, reason=reason, now=now)
-    settled = settle_session_leases(session, reason="session_offline", now=now, actor_type=actor_type,
-                                    actor=actor) if active else 0
+    settled = (
+        settle_session_leases(session, reason="session_offline", now=now, actor_type=actor_type, actor=actor)
+        if active
+        else 0
+    )
     record(
         "session.offline",
         actor_type=actor_type,
@@ -110,7 +119,10 @@ def session_offline(
     ``details.activeLeases``), ``storage_busy``, ``lock_timeout``.
     """
     fenced = lock_and_fence(
-        worker_id=worker_id, session_id=session_id, generation=generation, expected_version=expected_version,
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        expected_version=expected_version,
         purpose=Purpose.OFFLINE,
     )
     worker, session, now = fenced.worker, fenced.session, fenced.now

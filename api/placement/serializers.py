@@ -12,8 +12,9 @@ class LiveWorkerRowSerializer(serializers.Serializer):
 
 class PreviewRowSerializer(LiveWorkerRowSerializer):
     eligible = serializers.BooleanField(help_text="true if this worker would take a run of the revision now")
-    category = serializers.CharField(allow_null=True,
-                                     help_text="first mismatch, or capacity; null if it would take it")
+    category = serializers.CharField(
+        allow_null=True, help_text="first mismatch, or capacity; null if it would take it"
+    )
 
 
 class PreviewSerializer(serializers.Serializer):

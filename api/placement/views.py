@@ -28,18 +28,28 @@ class PlacementPreviewView(OperatorAPIView):
 
     @extend_schema(responses={200: PreviewSerializer})
     def get(self, request, revision_id):
-        pinned = TaskRevision.objects.filter(pk=revision_id).values_list(
-            "pk", "placement_sha256", "placement"
-        ).first()
+        pinned = (
+            TaskRevision.objects.filter(pk=revision_id)
+            .values_list("pk", "placement_sha256", "placement")
+            .first()
+        )
         if pinned is None:
             raise DomainError("revision_not_found", "no such task revision")
         revision_pk, placement = pinned[0], parse_placement(pinned[1], pinned[2])
         preview = placement_preview(placement, live_workers(now=db_now()))
-        return Response(PreviewSerializer({
-            "revisionId": revision_pk, "placement": placement, "liveWorkers": preview.live_workers,
-            "eligible": preview.eligible, "summary": preview.summary, "workers": preview.rows,
-            "truncated": preview.truncated,
-        }).data)
+        return Response(
+            PreviewSerializer(
+                {
+                    "revisionId": revision_pk,
+                    "placement": placement,
+                    "liveWorkers": preview.live_workers,
+                    "eligible": preview.eligible,
+                    "summary": preview.summary,
+                    "workers": preview.rows,
+                    "truncated": preview.truncated,
+                }
+            ).data
+        )
 
 
 class RunCandidatesView(OperatorAPIView):
@@ -48,15 +58,21 @@ class RunCandidatesView(OperatorAPIView):
     http_method_names = ["get", "options"]
 
     @extend_schema(
-        parameters=[OpenApiParameter("after", str, required=False,
-                                     description="nextAfter of the previous page")],
+        parameters=[
+            OpenApiParameter("after", str, required=False, description="nextAfter of the previous page")
+        ],
         responses={200: CandidatePageSerializer},
     )
     def get(self, request, run_id):
         after = request.query_params.get("after")
         cursor = decode_cursor(after) if after is not None else None
         page = run_candidates(run_id=run_id, now=db_now(), after=cursor)
-        return Response(CandidatePageSerializer({
-            "runId": run_id, "candidates": page.candidates,
-            "nextAfter": encode_cursor(page.next_after) if page.next_after is not None else None,
-        }).data)
+        return Response(
+            CandidatePageSerializer(
+                {
+                    "runId": run_id,
+                    "candidates": page.candidates,
+                    "nextAfter": encode_cursor(page.next_after) if page.next_after is not None else None,
+                }
+            ).data
+        )

@@ -23,10 +23,14 @@ class RevisionInSerializer(StrictSerializer):
     executor = serializers.ChoiceField(choices=EXECUTORS)
     command = StrictCharField(max_length=64 * 1024, trim_whitespace=False)
     timeoutSeconds = StrictIntegerField(min_value=1, max_value=7 * 24 * 3600)
-    env = serializers.DictField(child=StrictCharField(max_length=1024, allow_blank=True, trim_whitespace=False),
-                                required=False, default=dict)
-    placement = serializers.JSONField(required=False, default=dict,
-                                      help_text="PlacementSpec: {required: {...}, preferred: {labels: [...]}}")
+    env = serializers.DictField(
+        child=StrictCharField(max_length=1024, allow_blank=True, trim_whitespace=False),
+        required=False,
+        default=dict,
+    )
+    placement = serializers.JSONField(
+        required=False, default=dict, help_text="PlacementSpec: {required: {...}, preferred: {labels: [...]}}"
+    )
     retry = RetrySerializer(required=False)
 
     def to_spec(self) -> RevisionSpec:
@@ -106,8 +110,9 @@ class RunOutSerializer(serializers.Serializer):
     cancelReason = serializers.CharField(source="cancel_reason")
     exitCode = serializers.IntegerField(source="exit_code", allow_null=True)
     errorClass = serializers.CharField(source="error_class")
-    placementSummary = serializers.JSONField(source="placement_summary", allow_null=True,
-                                             help_text="why it waits: {category: live workers}")
+    placementSummary = serializers.JSONField(
+        source="placement_summary", allow_null=True, help_text="why it waits: {category: live workers}"
+    )
     placementCheckedAt = serializers.DateTimeField(source="placement_checked_at", allow_null=True)
     createdAt = serializers.DateTimeField(source="created_at")
     startedAt = serializers.DateTimeField(source="started_at", allow_null=True)

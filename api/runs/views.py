@@ -69,9 +69,13 @@ class RunListView(OperatorAPIView):
         serializer = s.EnqueueSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        revision_id = data.get("revisionId") or selectors.latest_revision(selectors.task_by_name(data["task"])).pk
+        revision_id = (
+            data.get("revisionId") or selectors.latest_revision(selectors.task_by_name(data["task"])).pk
+        )
         run = run_enqueue(
-            revision_id=revision_id, priority=data["priority"], actor_type=ActorType.API_APP,
+            revision_id=revision_id,
+            priority=data["priority"],
+            actor_type=ActorType.API_APP,
             actor=request.user.get_username(),
         )
         return Response(s.RunOutSerializer(_run(run.pk)).data, status=201)
@@ -85,7 +89,9 @@ class RunListView(OperatorAPIView):
         state = request.query_params.get("state")
         if state is not None:
             if state not in RunState.values:
-                raise DomainError("validation_failed", f"must be one of {', '.join(RunState.values)}", field="state")
+                raise DomainError(
+                    "validation_failed", f"must be one of {', '.join(RunState.values)}", field="state"
+                )
             queryset = queryset.filter(state=state)
         return Response(s.RunOutSerializer(queryset[:MAX_LIST], many=True).data)
 
@@ -106,7 +112,11 @@ class RunCancelView(OperatorAPIView):
         serializer = s.CancelSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         result = run_cancel(
-            run_id=run_id, reason=serializer.validated_data["reason"], actor_type=ActorType.API_APP,
+            run_id=run_id,
+            reason=serializer.validated_data["reason"],
+            actor_type=ActorType.API_APP,
             actor=request.user.get_username(),
         )
-        return Response(s.CancelOutSerializer({"status": result.status, "run": _run(run_id)}).data, status=202)
+        return Response(
+            s.CancelOutSerializer({"status": result.status, "run": _run(run_id)}).data, status=202
+        )

@@ -31,7 +31,9 @@ class CapabilitiesField(serializers.JSONField):
         try:
             return caps.snapshot(data)
         except ProtocolError as exc:
-            field = f"capabilities.{exc.field}" if exc.field and exc.field != "capabilities" else "capabilities"
+            field = (
+                f"capabilities.{exc.field}" if exc.field and exc.field != "capabilities" else "capabilities"
+            )
             raise ProtocolError(exc.code, exc.message, field) from None
 
 

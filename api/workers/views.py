@@ -39,8 +39,13 @@ class EnrollView(APIView):
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
-        enforce(request, group="worker-enroll", key=by_address, rate=protocol().rate_enroll,
-                message="too many enrollment attempts from this address")
+        enforce(
+            request,
+            group="worker-enroll",
+            key=by_address,
+            rate=protocol().rate_enroll,
+            message="too many enrollment attempts from this address",
+        )
 
     @extend_schema(request=s.EnrollSerializer, responses={201: s.EnrollOutSerializer}, auth=[])
     def post(self, request):
@@ -51,7 +56,11 @@ class EnrollView(APIView):
             worker_name=data.get("workerName"),
             client=client_address(request),
         )
-        out = {"workerId": credential.worker_id, "workerName": credential.worker.name, "credentialId": credential.pk}
+        out = {
+            "workerId": credential.worker_id,
+            "workerName": credential.worker.name,
+            "credentialId": credential.pk,
+        }
         return Response(s.EnrollOutSerializer(out).data, status=201)
 
 
@@ -59,14 +68,20 @@ class RotateKeyView(WorkerAPIView):
     """Rotate the worker's key: signed by the current key, which keeps working only for a short
     grace period (ROTATION_GRACE_SECONDS). 201 for a new rotation, 200 for an exact replay."""
 
-    @extend_schema(request=s.RotateSerializer, responses={200: s.RotateOutSerializer, 201: s.RotateOutSerializer})
+    @extend_schema(
+        request=s.RotateSerializer, responses={200: s.RotateOutSerializer, 201: s.RotateOutSerializer}
+    )
     def post(self, request):
         data = _valid(s.RotateSerializer, request)
         rotation = credential_rotate(
-            worker_id=self.principal.worker_id, credential_id=self.principal.credential_id,
+            worker_id=self.principal.worker_id,
+            credential_id=self.principal.credential_id,
             public_key=data["publicKey"],
         )
-        out = {"credentialId": rotation.credential.pk, "previousCredentialValidUntil": rotation.previous_valid_until}
+        out = {
+            "credentialId": rotation.credential.pk,
+            "previousCredentialValidUntil": rotation.previous_valid_until,
+        }
         return Response(s.RotateOutSerializer(out).data, status=200 if rotation.replayed else 201)
 
 
@@ -76,7 +91,9 @@ class RegisterView(WorkerAPIView):
     max_body_bytes = wire.BODY_LIMITS[wire.SESSION_REGISTER]
     max_json_depth = 5
 
-    @extend_schema(request=s.RegisterSerializer, responses={200: s.SessionOutSerializer, 201: s.SessionOutSerializer})
+    @extend_schema(
+        request=s.RegisterSerializer, responses={200: s.SessionOutSerializer, 201: s.SessionOutSerializer}
+    )
     def post(self, request):
         data = _valid(s.RegisterSerializer, request)
         view = session_register(

@@ -5,33 +5,59 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Event',
+            name="Event",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), editable=False)),
-                ('kind', models.CharField(max_length=48)),
-                ('actor_type', models.CharField(choices=[('worker', 'Worker'), ('operator', 'Operator'), ('api_app', 'Api App'), ('system', 'System'), ('reconciler', 'Reconciler')], max_length=16)),
-                ('actor', models.CharField(blank=True, default='', max_length=150)),
-                ('worker_id', models.UUIDField(blank=True, null=True)),
-                ('session_id', models.UUIDField(blank=True, null=True)),
-                ('run_id', models.UUIDField(blank=True, null=True)),
-                ('attempt_id', models.UUIDField(blank=True, null=True)),
-                ('lease_id', models.UUIDField(blank=True, null=True)),
-                ('run_sequence', models.PositiveBigIntegerField(blank=True, null=True)),
-                ('data', models.JSONField(blank=True, default=dict)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "created_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(), editable=False
+                    ),
+                ),
+                ("kind", models.CharField(max_length=48)),
+                (
+                    "actor_type",
+                    models.CharField(
+                        choices=[
+                            ("worker", "Worker"),
+                            ("operator", "Operator"),
+                            ("api_app", "Api App"),
+                            ("system", "System"),
+                            ("reconciler", "Reconciler"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("actor", models.CharField(blank=True, default="", max_length=150)),
+                ("worker_id", models.UUIDField(blank=True, null=True)),
+                ("session_id", models.UUIDField(blank=True, null=True)),
+                ("run_id", models.UUIDField(blank=True, null=True)),
+                ("attempt_id", models.UUIDField(blank=True, null=True)),
+                ("lease_id", models.UUIDField(blank=True, null=True)),
+                ("run_sequence", models.PositiveBigIntegerField(blank=True, null=True)),
+                ("data", models.JSONField(blank=True, default=dict)),
             ],
             options={
-                'ordering': ['-id'],
-                'indexes': [models.Index(fields=['worker_id', 'kind', 'created_at'], name='event_worker_kind_time'), models.Index(fields=['run_id', 'id'], name='event_run'), models.Index(fields=['kind', 'created_at'], name='event_kind_time')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('actor_type__in', ['worker', 'operator', 'api_app', 'system', 'reconciler'])), name='event_actor_type_valid')],
+                "ordering": ["-id"],
+                "indexes": [
+                    models.Index(fields=["worker_id", "kind", "created_at"], name="event_worker_kind_time"),
+                    models.Index(fields=["run_id", "id"], name="event_run"),
+                    models.Index(fields=["kind", "created_at"], name="event_kind_time"),
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("actor_type__in", ["worker", "operator", "api_app", "system", "reconciler"])
+                        ),
+                        name="event_actor_type_valid",
+                    )
+                ],
             },
         ),
     ]

@@ -21,7 +21,8 @@ def run_now(modeladmin, request, queryset):
     for task in queryset:
         try:
             run = run_enqueue(
-                revision_id=selectors.latest_revision(task).pk, actor_type=ActorType.OPERATOR,
+                revision_id=selectors.latest_revision(task).pk,
+                actor_type=ActorType.OPERATOR,
                 actor=request.user.get_username(),
             )
         except DomainError as exc:
@@ -66,32 +67,55 @@ class TaskRevisionAdmin(ReadOnlyAdmin):
 
     @admin.display(description="placement preview: live workers now")
     def placement_preview(self, revision):
-        preview = placement_preview(parse_placement(revision.placement_sha256, revision.placement),
-                                    live_workers(now=db_now()))
+        preview = placement_preview(
+            parse_placement(revision.placement_sha256, revision.placement), live_workers(now=db_now())
+        )
         if not preview.live_workers:
             return "no live workers"
         why_not = ""
         if preview.summary is not None:
             why_not = format_html(" — why not: {}", describe_summary(preview.summary))
-        heading = format_html("{} of {} live workers would take it now{}", preview.eligible,
-                              preview.live_workers, why_not)
-        body = format_html_join(
-            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((r.worker.worker_name, "takes it" if r.eligible else "no", r.score, r.worker.free_slots,
-              r.category or "—") for r in preview.rows),
+        heading = format_html(
+            "{} of {} live workers would take it now{}", preview.eligible, preview.live_workers, why_not
         )
-        more = format_html("<p>showing {} of {}</p>", len(preview.rows), preview.live_workers) \
-            if preview.truncated else ""
-        return format_html("<p>{}</p><table><tr><th>worker</th><th>would take it</th><th>score</th>"
-                           "<th>free slots</th><th>mismatch</th></tr>{}</table>{}", heading, body, more)
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    r.worker.worker_name,
+                    "takes it" if r.eligible else "no",
+                    r.score,
+                    r.worker.free_slots,
+                    r.category or "—",
+                )
+                for r in preview.rows
+            ),
+        )
+        more = (
+            format_html("<p>showing {} of {}</p>", len(preview.rows), preview.live_workers)
+            if preview.truncated
+            else ""
+        )
+        return format_html(
+            "<p>{}</p><table><tr><th>worker</th><th>would take it</th><th>score</th>"
+            "<th>free slots</th><th>mismatch</th></tr>{}</table>{}",
+            heading,
+            body,
+            more,
+        )
 
 
 @admin.action(description="Cancel")
 def cancel(modeladmin, request, queryset):
     for run in queryset:
         try:
-            result = run_cancel(run_id=run.pk, actor_type=ActorType.OPERATOR,
-                                         actor=request.user.get_username(), reason="cancelled in the admin")
+            result = run_cancel(
+                run_id=run.pk,
+                actor_type=ActorType.OPERATOR,
+                actor=request.user.get_username(),
+                reason="cancelled in the admin",
+            )
         except DomainError as exc:
             modeladmin.message_user(request, f"{run.pk}: {exc.code}: {exc.message}", messages.ERROR)
         else:
@@ -100,8 +124,16 @@ def cancel(modeladmin, request, queryset):
 
 class AttemptInline(admin.TabularInline):
     model = RunAttempt
-    fields = ("number", "state", "worker", "lease_generation", "exit_code", "outcome_reason", "started_at",
-              "finished_at")
+    fields = (
+        "number",
+        "state",
+        "worker",
+        "lease_generation",
+        "exit_code",
+        "outcome_reason",
+        "started_at",
+        "finished_at",
+    )
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -113,8 +145,16 @@ class AttemptInline(admin.TabularInline):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ("id", "task", "state", "priority", "attempt_count", "waiting_reason", "created_at",
-                    "finished_at")
+    list_display = (
+        "id",
+        "task",
+        "state",
+        "priority",
+        "attempt_count",
+        "waiting_reason",
+        "created_at",
+        "finished_at",
+    )
     list_filter = ("state",)
     list_select_related = ("task",)
     search_fields = ("=id", "task__name")

@@ -37,8 +37,11 @@ def issue_enrollment_token(modeladmin, request, queryset):
             format_html(
                 "{}: enrollment token (single use, shown only now, expires {} UTC):<br><code>{}</code><br>"
                 "on the machine: <code>qinglong-worker enroll --server {} --token {}</code>",
-                worker.name, f"{issued.record.expires_at:%Y-%m-%d %H:%M}", issued.token,
-                request.build_absolute_uri("/").rstrip("/"), issued.token,
+                worker.name,
+                f"{issued.record.expires_at:%Y-%m-%d %H:%M}",
+                issued.token,
+                request.build_absolute_uri("/").rstrip("/"),
+                issued.token,
             ),
             messages.WARNING,
         )
@@ -77,7 +80,15 @@ class WorkerAdmin(ModelAdmin):
     list_display = ("name", "state", "live_session", "created_at")
     list_filter = ("state",)
     search_fields = ("name",)
-    fields = ("name", "description", "state", "drain_requested_at", "revoked_at", "rotation_required", "created_at")
+    fields = (
+        "name",
+        "description",
+        "state",
+        "drain_requested_at",
+        "revoked_at",
+        "rotation_required",
+        "created_at",
+    )
     readonly_fields = ("state", "drain_requested_at", "revoked_at", "rotation_required", "created_at")
     actions = (issue_enrollment_token, drain, undrain, revoke, force_offline, force_rotation)
 
@@ -88,8 +99,9 @@ class WorkerAdmin(ModelAdmin):
         if change:
             obj.save(update_fields=["description"])
         else:
-            created = worker_create(name=obj.name, description=obj.description,
-                                             actor=request.user.get_username())
+            created = worker_create(
+                name=obj.name, description=obj.description, actor=request.user.get_username()
+            )
             obj.pk = created.pk
             obj.state = created.state
             obj.created_at = created.created_at
@@ -99,7 +111,9 @@ class WorkerAdmin(ModelAdmin):
         session = worker.sessions.filter(state__in=LIVE_SESSION_STATES).first()
         if session is None:
             return "—"
-        return f"gen {session.generation} v{session.version} {session.state} ({session.available_slots} slots)"
+        return (
+            f"gen {session.generation} v{session.version} {session.state} ({session.available_slots} slots)"
+        )
 
     def has_delete_permission(self, request, obj=None):
         return False
@@ -107,8 +121,17 @@ class WorkerAdmin(ModelAdmin):
 
 @admin.register(WorkerSession)
 class WorkerSessionAdmin(ReadOnlyAdmin):
-    list_display = ("worker", "generation", "version", "state", "available_slots", "max_concurrent_runs",
-                    "lease_expires_at", "registered_at", "software_version")
+    list_display = (
+        "worker",
+        "generation",
+        "version",
+        "state",
+        "available_slots",
+        "max_concurrent_runs",
+        "lease_expires_at",
+        "registered_at",
+        "software_version",
+    )
     list_filter = ("state",)
     list_select_related = ("worker",)
     search_fields = ("worker__name", "=id")

@@ -7,44 +7,146 @@ import protocol.ids
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('runs', '0001_initial'),
-        ('workers', '0001_initial'),
+        ("runs", "0001_initial"),
+        ("workers", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='RunDispatchLease',
+            name="RunDispatchLease",
             fields=[
-                ('id', models.UUIDField(default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False)),
-                ('session_generation', models.PositiveBigIntegerField(editable=False)),
-                ('lease_generation', models.PositiveIntegerField(editable=False)),
-                ('offer_id', models.UUIDField(editable=False)),
-                ('token_digest', models.CharField(editable=False, max_length=64, unique=True)),
-                ('version', models.PositiveIntegerField(default=0, editable=False)),
-                ('state', models.CharField(choices=[('leased', 'Leased'), ('completed', 'Completed'), ('released', 'Released')], default='leased', editable=False, max_length=16)),
-                ('release_reason', models.CharField(blank=True, choices=[('worker_release', 'Worker Release'), ('dispatch_timeout', 'Dispatch Timeout'), ('lease_expired', 'Lease Expired'), ('session_replaced', 'Session Replaced'), ('session_expired', 'Session Expired'), ('session_offline', 'Session Offline'), ('worker_revoked', 'Worker Revoked'), ('cancelled', 'Cancelled')], default='', max_length=24)),
-                ('expires_at', models.DateTimeField(editable=False)),
-                ('spec_sha256', models.CharField(editable=False, max_length=64)),
-                ('claimed_at', models.DateTimeField(editable=False)),
-                ('starting_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('running_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('ended_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('completion_sequence', models.PositiveIntegerField(blank=True, editable=False, null=True)),
-                ('completion_sha256', models.CharField(blank=True, default='', editable=False, max_length=64)),
-                ('completion_outcome', models.CharField(blank=True, default='', editable=False, max_length=16)),
-                ('attempt', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='leases', to='runs.runattempt')),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='leases', to='runs.run')),
-                ('session', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='leases', to='workers.workersession')),
-                ('worker', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='leases', to='workers.worker')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("session_generation", models.PositiveBigIntegerField(editable=False)),
+                ("lease_generation", models.PositiveIntegerField(editable=False)),
+                ("offer_id", models.UUIDField(editable=False)),
+                ("token_digest", models.CharField(editable=False, max_length=64, unique=True)),
+                ("version", models.PositiveIntegerField(default=0, editable=False)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("leased", "Leased"), ("completed", "Completed"), ("released", "Released")],
+                        default="leased",
+                        editable=False,
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "release_reason",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("worker_release", "Worker Release"),
+                            ("dispatch_timeout", "Dispatch Timeout"),
+                            ("lease_expired", "Lease Expired"),
+                            ("session_replaced", "Session Replaced"),
+                            ("session_expired", "Session Expired"),
+                            ("session_offline", "Session Offline"),
+                            ("worker_revoked", "Worker Revoked"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="",
+                        max_length=24,
+                    ),
+                ),
+                ("expires_at", models.DateTimeField(editable=False)),
+                ("spec_sha256", models.CharField(editable=False, max_length=64)),
+                ("claimed_at", models.DateTimeField(editable=False)),
+                ("starting_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("running_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("ended_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("completion_sequence", models.PositiveIntegerField(blank=True, editable=False, null=True)),
+                (
+                    "completion_sha256",
+                    models.CharField(blank=True, default="", editable=False, max_length=64),
+                ),
+                (
+                    "completion_outcome",
+                    models.CharField(blank=True, default="", editable=False, max_length=16),
+                ),
+                (
+                    "attempt",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="leases",
+                        to="runs.runattempt",
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="leases", to="runs.run"
+                    ),
+                ),
+                (
+                    "session",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="leases",
+                        to="workers.workersession",
+                    ),
+                ),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="leases",
+                        to="workers.worker",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-claimed_at'],
-                'indexes': [models.Index(condition=models.Q(('state', 'leased')), fields=['expires_at'], name='lease_active_expiry'), models.Index(fields=['session', 'state'], name='lease_session_state')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['leased', 'completed', 'released'])), name='lease_state_valid'), models.UniqueConstraint(condition=models.Q(('state', 'leased')), fields=('attempt',), name='one_active_lease_per_attempt'), models.UniqueConstraint(fields=('attempt', 'lease_generation'), name='lease_generation_unique'), models.UniqueConstraint(fields=('worker', 'offer_id'), name='lease_offer_unique'), models.CheckConstraint(condition=models.Q(models.Q(('state', 'released'), _negated=True), models.Q(('release_reason', ''), _negated=True), _connector='OR'), name='released_lease_has_reason'), models.CheckConstraint(condition=models.Q(models.Q(('state', 'completed'), _negated=True), ('completion_sequence__isnull', False), models.Q(('completion_outcome', ''), _negated=True), _connector='OR'), name='completed_lease_has_outcome'), models.CheckConstraint(condition=models.Q(('lease_generation__gte', 1)), name='lease_generation_positive')],
+                "ordering": ["-claimed_at"],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("state", "leased")),
+                        fields=["expires_at"],
+                        name="lease_active_expiry",
+                    ),
+                    models.Index(fields=["session", "state"], name="lease_session_state"),
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("state__in", ["leased", "completed", "released"])),
+                        name="lease_state_valid",
+                    ),
+                    models.UniqueConstraint(
+                        condition=models.Q(("state", "leased")),
+                        fields=("attempt",),
+                        name="one_active_lease_per_attempt",
+                    ),
+                    models.UniqueConstraint(
+                        fields=("attempt", "lease_generation"), name="lease_generation_unique"
+                    ),
+                    models.UniqueConstraint(fields=("worker", "offer_id"), name="lease_offer_unique"),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("state", "released"), _negated=True),
+                            models.Q(("release_reason", ""), _negated=True),
+                            _connector="OR",
+                        ),
+                        name="released_lease_has_reason",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("state", "completed"), _negated=True),
+                            ("completion_sequence__isnull", False),
+                            models.Q(("completion_outcome", ""), _negated=True),
+                            _connector="OR",
+                        ),
+                        name="completed_lease_has_outcome",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("lease_generation__gte", 1)), name="lease_generation_positive"
+                    ),
+                ],
             },
         ),
     ]

@@ -4,40 +4,93 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('leases', '0001_initial'),
-        ('runs', '0002_state_machine_constraints'),
-        ('workers', '0001_initial'),
+        ("leases", "0001_initial"),
+        ("runs", "0002_state_machine_constraints"),
+        ("workers", "0001_initial"),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='rundispatchlease',
-            name='completed_lease_has_outcome',
+            model_name="rundispatchlease",
+            name="completed_lease_has_outcome",
         ),
         migrations.AddConstraint(
-            model_name='rundispatchlease',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state', 'completed'), _negated=True), models.Q(('completion_sequence__isnull', False), models.Q(('completion_outcome', ''), _negated=True)), _connector='OR'), name='completed_lease_has_sequence_and_outcome'),
+            model_name="rundispatchlease",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state", "completed"), _negated=True),
+                    models.Q(
+                        ("completion_sequence__isnull", False),
+                        models.Q(("completion_outcome", ""), _negated=True),
+                    ),
+                    _connector="OR",
+                ),
+                name="completed_lease_has_sequence_and_outcome",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='rundispatchlease',
-            constraint=models.CheckConstraint(condition=models.Q(('state', 'completed'), models.Q(('completion_sequence__isnull', True), ('completion_outcome', ''), ('completion_sha256', '')), _connector='OR'), name='only_completed_lease_has_outcome'),
+            model_name="rundispatchlease",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("state", "completed"),
+                    models.Q(
+                        ("completion_sequence__isnull", True),
+                        ("completion_outcome", ""),
+                        ("completion_sha256", ""),
+                    ),
+                    _connector="OR",
+                ),
+                name="only_completed_lease_has_outcome",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='rundispatchlease',
-            constraint=models.CheckConstraint(condition=models.Q(('state', 'released'), ('release_reason', ''), _connector='OR'), name='only_released_lease_has_reason'),
+            model_name="rundispatchlease",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("state", "released"), ("release_reason", ""), _connector="OR"),
+                name="only_released_lease_has_reason",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='rundispatchlease',
-            constraint=models.CheckConstraint(condition=models.Q(('release_reason__in', ['', 'worker_release', 'dispatch_timeout', 'lease_expired', 'session_replaced', 'session_expired', 'session_offline', 'worker_revoked', 'cancelled'])), name='lease_release_reason_valid'),
+            model_name="rundispatchlease",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "release_reason__in",
+                        [
+                            "",
+                            "worker_release",
+                            "dispatch_timeout",
+                            "lease_expired",
+                            "session_replaced",
+                            "session_expired",
+                            "session_offline",
+                            "worker_revoked",
+                            "cancelled",
+                        ],
+                    )
+                ),
+                name="lease_release_reason_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='rundispatchlease',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state', 'leased'), ('ended_at__isnull', True)), models.Q(models.Q(('state', 'leased'), _negated=True), ('ended_at__isnull', False)), _connector='OR'), name='lease_end_matches_state'),
+            model_name="rundispatchlease",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state", "leased"), ("ended_at__isnull", True)),
+                    models.Q(models.Q(("state", "leased"), _negated=True), ("ended_at__isnull", False)),
+                    _connector="OR",
+                ),
+                name="lease_end_matches_state",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='rundispatchlease',
-            constraint=models.CheckConstraint(condition=models.Q(('running_at__isnull', True), ('starting_at__isnull', False), _connector='OR'), name='lease_running_after_starting'),
+            model_name="rundispatchlease",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("running_at__isnull", True), ("starting_at__isnull", False), _connector="OR"
+                ),
+                name="lease_running_after_starting",
+            ),
         ),
     ]

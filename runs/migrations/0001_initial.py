@@ -8,148 +8,358 @@ import protocol.ids
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('workers', '0001_initial'),
+        ("workers", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Task',
+            name="Task",
             fields=[
-                ('id', models.UUIDField(default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False)),
-                ('name', models.SlugField(max_length=100, unique=True)),
-                ('description', models.CharField(blank=True, default='', max_length=200)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("name", models.SlugField(max_length=100, unique=True)),
+                ("description", models.CharField(blank=True, default="", max_length=200)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='TaskRevision',
+            name="TaskRevision",
             fields=[
-                ('id', models.UUIDField(default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False)),
-                ('number', models.PositiveIntegerField(editable=False)),
-                ('executor', models.CharField(editable=False, help_text='shell | python | node', max_length=32)),
-                ('command', models.TextField(editable=False)),
-                ('env', models.JSONField(default=dict, editable=False)),
-                ('timeout_seconds', models.PositiveIntegerField(editable=False)),
-                ('placement', models.TextField(editable=False, help_text='normalised PlacementSpec, RFC 8785 JSON')),
-                ('placement_sha256', models.CharField(editable=False, max_length=64)),
-                ('max_attempts', models.PositiveSmallIntegerField(default=1, editable=False)),
-                ('retry_on', models.JSONField(default=list, editable=False, help_text='outcomes that retry: failed, timed_out')),
-                ('lost_retry', models.CharField(choices=[('never', 'Never'), ('idempotent', 'Idempotent'), ('deduplicated', 'Deduplicated')], default='never', editable=False, max_length=16)),
-                ('retry_backoff_seconds', models.PositiveIntegerField(default=10, editable=False)),
-                ('retry_backoff_max_seconds', models.PositiveIntegerField(default=300, editable=False)),
-                ('spec_sha256', models.CharField(editable=False, max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('task', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='revisions', to='runs.task')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("number", models.PositiveIntegerField(editable=False)),
+                (
+                    "executor",
+                    models.CharField(editable=False, help_text="shell | python | node", max_length=32),
+                ),
+                ("command", models.TextField(editable=False)),
+                ("env", models.JSONField(default=dict, editable=False)),
+                ("timeout_seconds", models.PositiveIntegerField(editable=False)),
+                (
+                    "placement",
+                    models.TextField(editable=False, help_text="normalised PlacementSpec, RFC 8785 JSON"),
+                ),
+                ("placement_sha256", models.CharField(editable=False, max_length=64)),
+                ("max_attempts", models.PositiveSmallIntegerField(default=1, editable=False)),
+                (
+                    "retry_on",
+                    models.JSONField(
+                        default=list, editable=False, help_text="outcomes that retry: failed, timed_out"
+                    ),
+                ),
+                (
+                    "lost_retry",
+                    models.CharField(
+                        choices=[
+                            ("never", "Never"),
+                            ("idempotent", "Idempotent"),
+                            ("deduplicated", "Deduplicated"),
+                        ],
+                        default="never",
+                        editable=False,
+                        max_length=16,
+                    ),
+                ),
+                ("retry_backoff_seconds", models.PositiveIntegerField(default=10, editable=False)),
+                ("retry_backoff_max_seconds", models.PositiveIntegerField(default=300, editable=False)),
+                ("spec_sha256", models.CharField(editable=False, max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "task",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="revisions", to="runs.task"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['task', '-number'],
+                "ordering": ["task", "-number"],
             },
         ),
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.UUIDField(default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False)),
-                ('state', models.CharField(choices=[('created', 'Created'), ('queued', 'Queued'), ('dispatching', 'Dispatching'), ('running', 'Running'), ('retry_wait', 'Retry Wait'), ('lost', 'Lost'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('timed_out', 'Timed Out')], default='created', editable=False, max_length=16)),
-                ('version', models.PositiveBigIntegerField(default=0, editable=False)),
-                ('event_sequence', models.PositiveBigIntegerField(default=0, editable=False)),
-                ('priority', models.SmallIntegerField(default=0)),
-                ('attempt_count', models.PositiveSmallIntegerField(default=0, editable=False)),
-                ('next_attempt_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('cancel_requested_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('cancel_reason', models.CharField(blank=True, default='', editable=False, max_length=200)),
-                ('exit_code', models.IntegerField(blank=True, editable=False, null=True)),
-                ('error_class', models.CharField(blank=True, default='', editable=False, max_length=32)),
-                ('placement_summary', models.JSONField(blank=True, editable=False, null=True)),
-                ('placement_checked_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('created_by', models.CharField(blank=True, default='', editable=False, max_length=150)),
-                ('created_at', models.DateTimeField(editable=False)),
-                ('started_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('task', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='runs.task')),
-                ('revision', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='runs.taskrevision')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("created", "Created"),
+                            ("queued", "Queued"),
+                            ("dispatching", "Dispatching"),
+                            ("running", "Running"),
+                            ("retry_wait", "Retry Wait"),
+                            ("lost", "Lost"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                            ("timed_out", "Timed Out"),
+                        ],
+                        default="created",
+                        editable=False,
+                        max_length=16,
+                    ),
+                ),
+                ("version", models.PositiveBigIntegerField(default=0, editable=False)),
+                ("event_sequence", models.PositiveBigIntegerField(default=0, editable=False)),
+                ("priority", models.SmallIntegerField(default=0)),
+                ("attempt_count", models.PositiveSmallIntegerField(default=0, editable=False)),
+                ("next_attempt_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("cancel_requested_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("cancel_reason", models.CharField(blank=True, default="", editable=False, max_length=200)),
+                ("exit_code", models.IntegerField(blank=True, editable=False, null=True)),
+                ("error_class", models.CharField(blank=True, default="", editable=False, max_length=32)),
+                ("placement_summary", models.JSONField(blank=True, editable=False, null=True)),
+                ("placement_checked_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("created_by", models.CharField(blank=True, default="", editable=False, max_length=150)),
+                ("created_at", models.DateTimeField(editable=False)),
+                ("started_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                (
+                    "task",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="runs", to="runs.task"
+                    ),
+                ),
+                (
+                    "revision",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="runs",
+                        to="runs.taskrevision",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='RunAttempt',
+            name="RunAttempt",
             fields=[
-                ('id', models.UUIDField(default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False)),
-                ('number', models.PositiveSmallIntegerField(editable=False)),
-                ('state', models.CharField(choices=[('claimed', 'Claimed'), ('starting', 'Starting'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('timed_out', 'Timed Out'), ('lost', 'Lost')], default='claimed', editable=False, max_length=16)),
-                ('version', models.PositiveIntegerField(default=0, editable=False)),
-                ('priority', models.SmallIntegerField(default=0, editable=False)),
-                ('ready_at', models.DateTimeField(editable=False)),
-                ('lease_generation', models.PositiveIntegerField(default=0, editable=False)),
-                ('lease_expires_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('session_id', models.UUIDField(blank=True, editable=False, null=True)),
-                ('pid', models.PositiveIntegerField(blank=True, editable=False, null=True)),
-                ('pgid', models.PositiveIntegerField(blank=True, editable=False, null=True)),
-                ('executor_handle', models.CharField(blank=True, default='', editable=False, max_length=512)),
-                ('exit_code', models.IntegerField(blank=True, editable=False, null=True)),
-                ('outcome_reason', models.CharField(blank=True, default='', editable=False, max_length=32)),
-                ('stdout_tail', models.TextField(blank=True, default='', editable=False)),
-                ('stderr_tail', models.TextField(blank=True, default='', editable=False)),
-                ('created_at', models.DateTimeField(editable=False)),
-                ('started_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='attempts', to='runs.run')),
-                ('worker', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='attempts', to='workers.worker')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("number", models.PositiveSmallIntegerField(editable=False)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("claimed", "Claimed"),
+                            ("starting", "Starting"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                            ("timed_out", "Timed Out"),
+                            ("lost", "Lost"),
+                        ],
+                        default="claimed",
+                        editable=False,
+                        max_length=16,
+                    ),
+                ),
+                ("version", models.PositiveIntegerField(default=0, editable=False)),
+                ("priority", models.SmallIntegerField(default=0, editable=False)),
+                ("ready_at", models.DateTimeField(editable=False)),
+                ("lease_generation", models.PositiveIntegerField(default=0, editable=False)),
+                ("lease_expires_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("session_id", models.UUIDField(blank=True, editable=False, null=True)),
+                ("pid", models.PositiveIntegerField(blank=True, editable=False, null=True)),
+                ("pgid", models.PositiveIntegerField(blank=True, editable=False, null=True)),
+                ("executor_handle", models.CharField(blank=True, default="", editable=False, max_length=512)),
+                ("exit_code", models.IntegerField(blank=True, editable=False, null=True)),
+                ("outcome_reason", models.CharField(blank=True, default="", editable=False, max_length=32)),
+                ("stdout_tail", models.TextField(blank=True, default="", editable=False)),
+                ("stderr_tail", models.TextField(blank=True, default="", editable=False)),
+                ("created_at", models.DateTimeField(editable=False)),
+                ("started_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="attempts", to="runs.run"
+                    ),
+                ),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="attempts",
+                        to="workers.worker",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'number'],
-                'indexes': [models.Index(models.OrderBy(models.F('priority'), descending=True), models.F('ready_at'), models.F('id'), condition=models.Q(('state', 'claimed')), name='attempt_dispatch_queue')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['claimed', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'timed_out', 'lost'])), name='attempt_state_valid'), models.UniqueConstraint(fields=('run', 'number'), name='attempt_number_unique'), models.UniqueConstraint(condition=models.Q(('state__in', ('claimed', 'starting', 'running'))), fields=('run',), name='one_live_attempt_per_run'), models.CheckConstraint(condition=models.Q(models.Q(('state__in', ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost')), _negated=True), ('finished_at__isnull', False), _connector='OR'), name='attempt_terminal_has_end'), models.CheckConstraint(condition=models.Q(('number__gte', 1)), name='attempt_number_positive')],
+                "ordering": ["run", "number"],
+                "indexes": [
+                    models.Index(
+                        models.OrderBy(models.F("priority"), descending=True),
+                        models.F("ready_at"),
+                        models.F("id"),
+                        condition=models.Q(("state", "claimed")),
+                        name="attempt_dispatch_queue",
+                    )
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            (
+                                "state__in",
+                                [
+                                    "claimed",
+                                    "starting",
+                                    "running",
+                                    "succeeded",
+                                    "failed",
+                                    "cancelled",
+                                    "timed_out",
+                                    "lost",
+                                ],
+                            )
+                        ),
+                        name="attempt_state_valid",
+                    ),
+                    models.UniqueConstraint(fields=("run", "number"), name="attempt_number_unique"),
+                    models.UniqueConstraint(
+                        condition=models.Q(("state__in", ("claimed", "starting", "running"))),
+                        fields=("run",),
+                        name="one_live_attempt_per_run",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(
+                                ("state__in", ("succeeded", "failed", "cancelled", "timed_out", "lost")),
+                                _negated=True,
+                            ),
+                            ("finished_at__isnull", False),
+                            _connector="OR",
+                        ),
+                        name="attempt_terminal_has_end",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("number__gte", 1)), name="attempt_number_positive"
+                    ),
+                ],
             },
         ),
         migrations.AddConstraint(
-            model_name='taskrevision',
-            constraint=models.UniqueConstraint(fields=('task', 'number'), name='revision_number_unique'),
+            model_name="taskrevision",
+            constraint=models.UniqueConstraint(fields=("task", "number"), name="revision_number_unique"),
         ),
         migrations.AddConstraint(
-            model_name='taskrevision',
-            constraint=models.CheckConstraint(condition=models.Q(('timeout_seconds__gte', 1)), name='revision_timeout_positive'),
+            model_name="taskrevision",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("timeout_seconds__gte", 1)), name="revision_timeout_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='taskrevision',
-            constraint=models.CheckConstraint(condition=models.Q(('max_attempts__gte', 1), ('max_attempts__lte', 20)), name='revision_max_attempts_range'),
+            model_name="taskrevision",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("max_attempts__gte", 1), ("max_attempts__lte", 20)),
+                name="revision_max_attempts_range",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='taskrevision',
-            constraint=models.CheckConstraint(condition=models.Q(('lost_retry__in', ['never', 'idempotent', 'deduplicated'])), name='revision_lost_retry_valid'),
+            model_name="taskrevision",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("lost_retry__in", ["never", "idempotent", "deduplicated"])),
+                name="revision_lost_retry_valid",
+            ),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(condition=models.Q(('state', 'retry_wait')), fields=['next_attempt_at'], name='run_retry_due'),
+            model_name="run",
+            index=models.Index(
+                condition=models.Q(("state", "retry_wait")), fields=["next_attempt_at"], name="run_retry_due"
+            ),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['state', 'cancel_requested_at'], name='run_state_cancel'),
+            model_name="run",
+            index=models.Index(fields=["state", "cancel_requested_at"], name="run_state_cancel"),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['created', 'queued', 'dispatching', 'running', 'retry_wait', 'lost', 'succeeded', 'failed', 'cancelled', 'timed_out'])), name='run_state_valid'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "state__in",
+                        [
+                            "created",
+                            "queued",
+                            "dispatching",
+                            "running",
+                            "retry_wait",
+                            "lost",
+                            "succeeded",
+                            "failed",
+                            "cancelled",
+                            "timed_out",
+                        ],
+                    )
+                ),
+                name="run_state_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state__in', ('succeeded', 'failed', 'cancelled', 'timed_out')), _negated=True), ('finished_at__isnull', False), _connector='OR'), name='run_terminal_has_end'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state__in", ("succeeded", "failed", "cancelled", "timed_out")), _negated=True),
+                    ("finished_at__isnull", False),
+                    _connector="OR",
+                ),
+                name="run_terminal_has_end",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state', 'retry_wait'), _negated=True), ('next_attempt_at__isnull', False), _connector='OR'), name='run_retry_wait_has_time'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state", "retry_wait"), _negated=True),
+                    ("next_attempt_at__isnull", False),
+                    _connector="OR",
+                ),
+                name="run_retry_wait_has_time",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(('priority__gte', -100), ('priority__lte', 100)), name='run_priority_range'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("priority__gte", -100), ("priority__lte", 100)), name="run_priority_range"
+            ),
         ),
     ]

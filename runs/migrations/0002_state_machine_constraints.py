@@ -11,40 +11,82 @@ def clear_stale_next_attempt_times(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0001_initial'),
-        ('workers', '0001_initial'),
+        ("runs", "0001_initial"),
+        ("workers", "0001_initial"),
     ]
 
     operations = [
         migrations.RunPython(clear_stale_next_attempt_times, migrations.RunPython.noop),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(('state', 'retry_wait'), ('next_attempt_at__isnull', True), _connector='OR'), name='run_next_attempt_only_when_waiting'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("state", "retry_wait"), ("next_attempt_at__isnull", True), _connector="OR"
+                ),
+                name="run_next_attempt_only_when_waiting",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ('succeeded', 'failed', 'cancelled', 'timed_out')), ('finished_at__isnull', True), _connector='OR'), name='run_live_has_no_end'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("state__in", ("succeeded", "failed", "cancelled", "timed_out")),
+                    ("finished_at__isnull", True),
+                    _connector="OR",
+                ),
+                name="run_live_has_no_end",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state', 'running'), _negated=True), ('started_at__isnull', False), _connector='OR'), name='run_running_has_start'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state", "running"), _negated=True),
+                    ("started_at__isnull", False),
+                    _connector="OR",
+                ),
+                name="run_running_has_start",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(('state', 'created'), ('attempt_count__gte', 1), _connector='OR'), name='run_has_attempts_once_queued'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("state", "created"), ("attempt_count__gte", 1), _connector="OR"),
+                name="run_has_attempts_once_queued",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='runattempt',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost')), ('finished_at__isnull', True), _connector='OR'), name='attempt_live_has_no_end'),
+            model_name="runattempt",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("state__in", ("succeeded", "failed", "cancelled", "timed_out", "lost")),
+                    ("finished_at__isnull", True),
+                    _connector="OR",
+                ),
+                name="attempt_live_has_no_end",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='runattempt',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state__in', ('starting', 'running')), _negated=True), models.Q(('session_id__isnull', False), ('lease_generation__gte', 1)), _connector='OR'), name='attempt_started_under_a_lease'),
+            model_name="runattempt",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state__in", ("starting", "running")), _negated=True),
+                    models.Q(("session_id__isnull", False), ("lease_generation__gte", 1)),
+                    _connector="OR",
+                ),
+                name="attempt_started_under_a_lease",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='runattempt',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state', 'running'), _negated=True), models.Q(('started_at__isnull', False), ('pid__isnull', False)), _connector='OR'), name='attempt_running_has_process'),
+            model_name="runattempt",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state", "running"), _negated=True),
+                    models.Q(("started_at__isnull", False), ("pid__isnull", False)),
+                    _connector="OR",
+                ),
+                name="attempt_running_has_process",
+            ),
         ),
     ]

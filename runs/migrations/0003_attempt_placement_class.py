@@ -15,7 +15,9 @@ def copy_placement(apps, schema_editor):
     RunAttempt = apps.get_model("runs", "RunAttempt")
     Run = apps.get_model("runs", "Run")
     RunAttempt.objects.update(
-        placement_sha256=Subquery(Run.objects.filter(pk=OuterRef("run_id")).values("revision__placement_sha256")[:1])
+        placement_sha256=Subquery(
+            Run.objects.filter(pk=OuterRef("run_id")).values("revision__placement_sha256")[:1]
+        )
     )
 
 

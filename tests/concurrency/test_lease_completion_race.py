@@ -72,7 +72,9 @@ def test_a_completion_racing_a_session_replacement_lands_before_it_or_is_fenced(
         assert not Event.objects.filter(run_id=run.pk, kind="attempt.lost").exists()
     else:
         error = completion[1]
-        assert isinstance(error, DomainError) and error.code in ("session_superseded", "lease_released"), error
+        assert isinstance(error, DomainError) and error.code in ("session_superseded", "lease_released"), (
+            error
+        )
         assert attempt.state == "lost" and run.state == "retry_wait"
         assert not Event.objects.filter(run_id=run.pk, kind="lease.completed").exists()
     assert Event.objects.filter(run_id=run.pk, kind__in=TERMINAL_EVENTS).count() == (completion[0] == "ok")

@@ -11,9 +11,9 @@ from django.db import connection
 
 from actions.leases.expiry import sweep_expired_leases
 from actions.runs import sweep_due_retries
+from actions.sweeps import run_cycle
 from audit.models import Event
 from leases.models import RunDispatchLease
-from actions.sweeps import run_cycle
 from runs.models import Run, RunAttempt
 from tests.concurrency.threads import LockHolder, race
 from tests.helpers import enqueue, enrolled_worker, make_revision, register

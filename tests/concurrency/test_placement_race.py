@@ -13,17 +13,23 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from actions.leases.claims import OfferRequest, lease_claim
+from actions.sweeps import run_cycle
 from core.db import db_now
 from leases.models import LeaseState, RunDispatchLease
 from placement.selectors import live_workers
-from actions.sweeps import run_cycle
 from tests.helpers import OfferTicket, enqueue, make_revision
 from tests.placement.support import OperatorClient, live
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PREFER = {"preferred": {"labels": [{"key": "tier", "value": "gold", "weight": 50},
-                                   {"key": "tier", "value": "silver", "weight": 20}]}}
+PREFER = {
+    "preferred": {
+        "labels": [
+            {"key": "tier", "value": "gold", "weight": 50},
+            {"key": "tier", "value": "silver", "weight": 20},
+        ]
+    }
+}
 
 
 def poll_at_once(workers) -> dict[str, list]:
@@ -36,7 +42,9 @@ def poll_at_once(workers) -> dict[str, list]:
             ticket = OfferTicket()
             barrier.wait(timeout=10)
             offers = lease_claim(
-                worker_id=worker.worker_id, session_id=session.session_id, generation=session.generation,
+                worker_id=worker.worker_id,
+                session_id=session.session_id,
+                generation=session.generation,
                 offers=[OfferRequest(ticket.offer_id, ticket.token)],
             )
             results[worker.name] = [offer.lease.run_id for offer in offers]
@@ -56,13 +64,18 @@ def poll_at_once(workers) -> dict[str, list]:
 @pytest.mark.parametrize("decided_by", ["score", "free slots", "worker id"])
 def test_three_eligible_workers_polling_at_once_the_best_ranked_gets_the_run(decided_by):
     if decided_by == "score":
-        workers = [live("bronze", labels={"tier": "bronze"}), live("gold", labels={"tier": "gold"}),
-                   live("silver", labels={"tier": "silver"})]
+        workers = [
+            live("bronze", labels={"tier": "bronze"}),
+            live("gold", labels={"tier": "gold"}),
+            live("silver", labels={"tier": "silver"}),
+        ]
         best = "gold"
     elif decided_by == "free slots":
-        workers = [live("two", max_concurrent=2, labels={"tier": "gold"}),
-                   live("four", max_concurrent=4, labels={"tier": "gold"}),
-                   live("three", max_concurrent=3, labels={"tier": "gold"})]
+        workers = [
+            live("two", max_concurrent=2, labels={"tier": "gold"}),
+            live("four", max_concurrent=4, labels={"tier": "gold"}),
+            live("three", max_concurrent=3, labels={"tier": "gold"}),
+        ]
         best = "four"
     else:
         workers = [live(f"same-{index}", labels={"tier": "gold"}) for index in range(3)]
@@ -82,7 +95,9 @@ def test_none_eligible_polling_at_once_nobody_claims_and_the_api_explains(client
     workers = [live(f"arm-{index}", arch="arm64") for index in range(3)]
     workers.append(live("old-python", runtimes=[{"name": "python", "version": "3.8.0"}]))
     live("full", slots=0)
-    run = enqueue(make_revision(placement={"required": {"arch": ["x86_64"], "runtimes": {"python": ">=3.9"}}}))
+    run = enqueue(
+        make_revision(placement={"required": {"arch": ["x86_64"], "runtimes": {"python": ">=3.9"}}})
+    )
 
     results = poll_at_once(workers)
 
@@ -90,5 +105,9 @@ def test_none_eligible_polling_at_once_nobody_claims_and_the_api_explains(client
     assert RunDispatchLease.objects.count() == 0
     run_cycle()
     operator = django_user_model.objects.create_user("race-operator", is_staff=True)
-    body = OperatorClient(client, Token.objects.create(user=operator).key).get(f"/api/v1/ops/runs/{run.pk}").json()
+    body = (
+        OperatorClient(client, Token.objects.create(user=operator).key)
+        .get(f"/api/v1/ops/runs/{run.pk}")
+        .json()
+    )
     assert (body["state"], body["placementSummary"]) == ("queued", {"arch": 3, "runtime": 1, "capacity": 1})

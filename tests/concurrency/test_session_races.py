@@ -75,7 +75,9 @@ def run_rounds(
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=work, args=(i, actor), name=f"actor-{i}") for i, actor in enumerate(actors)]
+    threads = [
+        threading.Thread(target=work, args=(i, actor), name=f"actor-{i}") for i, actor in enumerate(actors)
+    ]
     for thread in threads:
         thread.start()
     try:
@@ -103,15 +105,25 @@ SNAPSHOT = snapshot()
 
 def register(worker_id, session_id=None) -> tuple:
     view = session_register(
-        worker_id=worker_id, session_id=session_id or uuid7(), capabilities=SNAPSHOT, max_concurrent_runs=2,
-        available_slots=2, software_version="race/1", protocol_version=1,
+        worker_id=worker_id,
+        session_id=session_id or uuid7(),
+        capabilities=SNAPSHOT,
+        max_concurrent_runs=2,
+        available_slots=2,
+        software_version="race/1",
+        protocol_version=1,
     )
     return view.session.pk, view.session.generation, view.session.version, view.replayed
 
 
 def heartbeat(worker_id, session_id, generation, version, slots=2):
-    view = session_heartbeat(worker_id=worker_id, session_id=session_id, generation=generation,
-                                      expected_version=version, available_slots=slots)
+    view = session_heartbeat(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        expected_version=version,
+        available_slots=slots,
+    )
     return view.session.version
 
 
@@ -164,8 +176,11 @@ def test_two_registrations_racing_to_replace_the_same_worker():
             assert_refused(worker.pk, older)
         ids["top"] = (current[0].generation, current[0].version)
 
-    run_rounds([lambda r: register(worker.pk, ids[r][0]), lambda r: register(worker.pk, ids[r][1])],
-               prepare=prepare, check=check)
+    run_rounds(
+        [lambda r: register(worker.pk, ids[r][0]), lambda r: register(worker.pk, ids[r][1])],
+        prepare=prepare,
+        check=check,
+    )
     older = WorkerSession.objects.filter(worker_id=worker.pk).exclude(state="online")
     assert older.count() == WorkerSession.objects.filter(worker_id=worker.pk).count() - 1
     for session in older:
@@ -184,8 +199,10 @@ def test_heartbeat_racing_replacement_lands_before_or_is_fenced_never_revives():
         state["slots"] = 1 if round_no % 3 == 0 else 2
         if round_no % 3 == 1:
             session = WorkerSession.objects.get(pk=pk)
-            WorkerSession.objects.filter(pk=pk).update(lease_expires_at=session.lease_expires_at
-                                                       - (session.lease_expires_at - session.registered_at) * 0.6)
+            WorkerSession.objects.filter(pk=pk).update(
+                lease_expires_at=session.lease_expires_at
+                - (session.lease_expires_at - session.registered_at) * 0.6
+            )
         state["before"] = WorkerSession.objects.get(pk=pk)
 
     def beat(round_no: int):
@@ -221,30 +238,44 @@ def test_drain_racing_offline_zeroes_capacity_before_offline_commits():
         if not dispatch_queue_page(now=db_now()):  # one claimable attempt waits in every round
             enqueue(revision)
         pk, generation, version, _ = register(worker.pk)  # replaces last round's session
-        state.update(session=(pk, generation, version), mark=Event.objects.order_by("-pk").values_list(
-            "pk", flat=True).first())
+        state.update(
+            session=(pk, generation, version),
+            mark=Event.objects.order_by("-pk").values_list("pk", flat=True).first(),
+        )
 
     def drain(round_no: int):
         pk, generation, version = state["session"]
-        return session_drain(worker_id=worker.pk, session_id=pk, generation=generation,
-                                      expected_version=version).session.version
+        return session_drain(
+            worker_id=worker.pk, session_id=pk, generation=generation, expected_version=version
+        ).session.version
 
     def offline(round_no: int):
         pk, generation, version = state["session"]
         try:
-            return session_offline(worker_id=worker.pk, session_id=pk, generation=generation,
-                                            expected_version=version).session.version
+            return session_offline(
+                worker_id=worker.pk, session_id=pk, generation=generation, expected_version=version
+            ).session.version
         except DomainError as exc:  # the agent adopts the current version once and asks again
             if exc.code != "session_version_conflict":
                 raise
-            return session_offline(worker_id=worker.pk, session_id=pk, generation=generation,
-                                            expected_version=exc.details["currentVersion"]).session.version
+            return session_offline(
+                worker_id=worker.pk,
+                session_id=pk,
+                generation=generation,
+                expected_version=exc.details["currentVersion"],
+            ).session.version
 
     def claim(round_no: int):
         pk, generation, _ = state["session"]
         ticket = OfferTicket()
-        return len(lease_claim(worker_id=worker.pk, session_id=pk, generation=generation,
-                                              offers=[OfferRequest(ticket.offer_id, ticket.token)]))
+        return len(
+            lease_claim(
+                worker_id=worker.pk,
+                session_id=pk,
+                generation=generation,
+                offers=[OfferRequest(ticket.offer_id, ticket.token)],
+            )
+        )
 
     def check(round_no: int, results) -> None:
         (drained, _), (went_offline, offline_result), (claimed, claim_result) = results
@@ -255,8 +286,11 @@ def test_drain_racing_offline_zeroes_capacity_before_offline_commits():
         assert claimed == "ok" or claim_result in ("session_draining", "session_offline"), results
         events = {e.kind: e.pk for e in Event.objects.filter(pk__gt=state["mark"], session_id=pk)}
         leases = list(RunDispatchLease.objects.filter(session_id=pk))
-        claimed_events = list(Event.objects.filter(pk__gt=state["mark"], kind="lease.claimed", session_id=pk)
-                              .values_list("pk", flat=True))
+        claimed_events = list(
+            Event.objects.filter(pk__gt=state["mark"], kind="lease.claimed", session_id=pk).values_list(
+                "pk", flat=True
+            )
+        )
         # capacity is zero once the drain or the offline committed, and no claim came after
         assert session.available_slots == 0
         for stop in ("session.drained", "session.offline"):
@@ -268,7 +302,10 @@ def test_drain_racing_offline_zeroes_capacity_before_offline_commits():
             if drained == "ok":
                 assert events["session.drained"] < events["session.offline"]
         else:
-            assert session.state == "draining" and len([lease for lease in leases if lease.state == "leased"]) == 1
+            assert (
+                session.state == "draining"
+                and len([lease for lease in leases if lease.state == "leased"]) == 1
+            )
         assert (claimed == "ok" and claim_result == 1) == bool(leases)
 
     run_rounds([drain, offline, claim], prepare=prepare, check=check)
@@ -300,7 +337,7 @@ def test_pg_same_session_id_inserted_concurrently_by_two_workers_is_a_conflict_n
     the re-run of its transaction answers ``session_replay_conflict`` — never a 500. (On SQLite
     the IMMEDIATE transactions serialise the two before the check, so this cannot happen there.)
     """
-    
+
     owner, intruder = new_worker("race-owner"), new_worker("race-intruder")
     owner_inserted, intruder_inserting = threading.Event(), threading.Event()
     real_create = WorkerSession.objects.create
@@ -337,5 +374,7 @@ def test_pg_same_session_id_inserted_concurrently_by_two_workers_is_a_conflict_n
         assert results[1] == ("refused", "session_replay_conflict"), results
         assert WorkerSession.objects.get(pk=ids[round_no]).worker_id == owner.pk
 
-    run_rounds([lambda r: register(owner.pk, ids[r]), intruder_registers], rounds=10, prepare=prepare, check=check)
+    run_rounds(
+        [lambda r: register(owner.pk, ids[r]), intruder_registers], rounds=10, prepare=prepare, check=check
+    )
     assert not WorkerSession.objects.filter(worker_id=intruder.pk).exists()

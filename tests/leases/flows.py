@@ -81,9 +81,7 @@ def claim_one(session: Session) -> Held:
 
 
 def starting(held: Held) -> AckResult:
-    return lease_starting(
-        **held.fence(), offer_id=held.ticket.offer_id, lease_version=held.lease_version
-    )
+    return lease_starting(**held.fence(), offer_id=held.ticket.offer_id, lease_version=held.lease_version)
 
 
 def running(held: Held, pid: int = 4242) -> AckResult:
@@ -123,9 +121,7 @@ def completion(
 def complete(
     held: Held, outcome: str = "succeeded", exit_code: int | None = 0, sequence: int = 1, stdout: str = "ok\n"
 ) -> CompletionResult:
-    return lease_complete(
-        **held.fence(), completion=completion(outcome, exit_code, sequence, stdout)
-    )
+    return lease_complete(**held.fence(), completion=completion(outcome, exit_code, sequence, stdout))
 
 
 def expire_lease(attempt_id, seconds_ago: float = 1.0) -> None:

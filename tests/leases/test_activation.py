@@ -136,9 +136,7 @@ def test_start_failure_ends_the_attempt_and_retries_per_policy_and_replays_exact
     )
     assert again.status == "start_failed"
     with pytest.raises(DomainError) as other:
-        lease_start_failed(
-            **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="timed_out"
-        )
+        lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="timed_out")
     assert other.value.code == "lease_completed"
     assert rows() == before
 
@@ -148,16 +146,12 @@ def test_a_cancelled_start_failure_needs_a_cancel_request(held):
     starting(held)
     before = rows()
     with pytest.raises(DomainError) as refused:
-        lease_start_failed(
-            **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled"
-        )
+        lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled")
     assert (refused.value.code, refused.value.field) == ("cancel_not_requested", "reason")
     assert rows() == before
     run_cancel(run_id=run.pk)
     assert starting(held).cancel_requested is True
-    lease_start_failed(
-        **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled"
-    )
+    lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled")
     run.refresh_from_db()
     assert (run.state, held.attempt().state, held.lease().state) == ("cancelled", "cancelled", "completed")
 

@@ -40,9 +40,7 @@ def test_a_dispatched_attempt_learns_it_at_its_starting_ack_and_from_heartbeats(
     assert Run.objects.get(pk=run.pk).state == "dispatching"  # a live lease: the worker must hear it
     assert heartbeat_cancels(session) == (held.attempt_id,)
     assert starting(held).cancel_requested is True
-    lease_start_failed(
-        **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled"
-    )
+    lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled")
     run.refresh_from_db()
     assert (run.state, held.attempt().state, held.lease().state) == ("cancelled", "cancelled", "completed")
     assert RunAttempt.objects.filter(run=run).count() == 1

@@ -102,7 +102,11 @@ def test_a_cancelled_completion_needs_a_cancellation_request():
     before = rows()
     with pytest.raises(DomainError) as refused:
         complete(held, outcome="cancelled", exit_code=None)
-    assert (refused.value.code, refused.value.status, refused.value.field) == ("cancel_not_requested", 409, "outcome")
+    assert (refused.value.code, refused.value.status, refused.value.field) == (
+        "cancel_not_requested",
+        409,
+        "outcome",
+    )
     assert rows() == before
     run_cancel(run_id=run.pk)
     complete(held, outcome="cancelled", exit_code=-15)

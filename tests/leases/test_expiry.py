@@ -13,13 +13,13 @@ from actions.leases import expiry as lease_expiry
 from actions.leases.expiry import lease_expire, sweep_expired_leases
 from actions.runs import run_cancel, sweep_due_retries
 from actions.sessions.shutdown import session_offline, session_operator_offline
+from actions.sweeps import run_cycle
 from actions.workers import worker_revoke
 from audit import recorder
 from audit.models import Event
 from core.db import db_now
 from core.errors import DomainError
 from leases.models import RunDispatchLease
-from actions.sweeps import run_cycle
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim, claim_one, complete, expire_lease, make_retry_due, renew, start

@@ -32,27 +32,53 @@ def started(client):
     run = enqueue(make_revision(command="echo hi"))
     api = SignedClient(client, worker)
     ticket = OfferTicket()
-    claimed = api.post(wire.CLAIM, {**session.fence(), "workerId": str(worker.worker_id),
-                                    "offers": [{"offerId": str(ticket.offer_id), "leaseToken": ticket.token}]})
+    claimed = api.post(
+        wire.CLAIM,
+        {
+            **session.fence(),
+            "workerId": str(worker.worker_id),
+            "offers": [{"offerId": str(ticket.offer_id), "leaseToken": ticket.token}],
+        },
+    )
     assert claimed.status_code == 200, claimed.json()
     offer = claimed.json()["offers"][0]
     assert offer["status"] == "claimed" and offer["execution"]["runId"] == str(run.pk)
     assert offer["execution"]["command"] == "echo hi"
     lease = offer["lease"]
-    fence = {**session.fence(), "attemptId": lease["attemptId"], "leaseGeneration": lease["leaseGeneration"],
-             "leaseToken": ticket.token}
+    fence = {
+        **session.fence(),
+        "attemptId": lease["attemptId"],
+        "leaseGeneration": lease["leaseGeneration"],
+        "leaseToken": ticket.token,
+    }
     ack = api.post(wire.LEASE_STARTING, {**fence, "offerId": str(ticket.offer_id), "leaseVersion": 0})
     assert ack.status_code == 200, ack.json()
-    ack = api.post(wire.LEASE_RUNNING, {**fence, "offerId": str(ticket.offer_id), "leaseVersion": 0, "pid": 4242,
-                                        "pgid": 4242, "executorHandle": "pid=4242 pgid=4242"})
+    ack = api.post(
+        wire.LEASE_RUNNING,
+        {
+            **fence,
+            "offerId": str(ticket.offer_id),
+            "leaseVersion": 0,
+            "pid": 4242,
+            "pgid": 4242,
+            "executorHandle": "pid=4242 pgid=4242",
+        },
+    )
     assert ack.status_code == 200, ack.json()
     assert Run.objects.get(pk=run.pk).state == "running"
     return api, session, worker, run, fence
 
 
 def complete_body(fence, **changes):
-    return {**fence, "sequence": 1, "outcome": "succeeded", "exitCode": 0, "stdoutTail": "hi\n", "stderrTail": "",
-            **changes}
+    return {
+        **fence,
+        "sequence": 1,
+        "outcome": "succeeded",
+        "exitCode": 0,
+        "stdoutTail": "hi\n",
+        "stderrTail": "",
+        **changes,
+    }
 
 
 def test_claim_start_run_complete_over_signed_http(started):

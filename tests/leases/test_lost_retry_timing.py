@@ -22,8 +22,11 @@ def test_a_lost_attempts_retry_waits_for_its_lease_to_run_out(how, protocol_sett
     protocol_settings(RUN_LEASE_SECONDS=600)  # far longer than any backoff
     worker = enrolled_worker()
     session = register(worker)
-    run = enqueue(make_revision(max_attempts=3, lost_retry="idempotent", retry_backoff_seconds=1,
-                                retry_backoff_max_seconds=1))
+    run = enqueue(
+        make_revision(
+            max_attempts=3, lost_retry="idempotent", retry_backoff_seconds=1, retry_backoff_max_seconds=1
+        )
+    )
     held = start(claim_one(session))
     expires_at = held.lease().expires_at
     if how == "revoke":
@@ -40,8 +43,11 @@ def test_a_lost_attempts_retry_waits_for_its_lease_to_run_out(how, protocol_sett
 def test_an_expired_lease_retries_after_the_backoff_alone():
     worker = enrolled_worker()
     session = register(worker)
-    run = enqueue(make_revision(max_attempts=2, lost_retry="idempotent", retry_backoff_seconds=1,
-                                retry_backoff_max_seconds=1))
+    run = enqueue(
+        make_revision(
+            max_attempts=2, lost_retry="idempotent", retry_backoff_seconds=1, retry_backoff_max_seconds=1
+        )
+    )
     held = start(claim_one(session))
     from tests.leases.flows import expire_lease
 

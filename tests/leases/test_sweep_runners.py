@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from audit.models import Event
 from actions.sweeps import loop
+from audit.models import Event
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, expire_lease, start
 

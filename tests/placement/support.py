@@ -25,14 +25,23 @@ class OperatorClient:
 
 def register_body(capabilities: Any, **changes: Any) -> dict[str, Any]:
     """A session registration body around ``capabilities`` (sent exactly as given)."""
-    return {"sessionId": str(uuid7()), "capabilities": capabilities, "maxConcurrentRuns": 2, "availableSlots": 2,
-            "softwareVersion": "test/1", "protocolVersion": 1, **changes}
+    return {
+        "sessionId": str(uuid7()),
+        "capabilities": capabilities,
+        "maxConcurrentRuns": 2,
+        "availableSlots": 2,
+        "softwareVersion": "test/1",
+        "protocolVersion": 1,
+        **changes,
+    }
 
 
-def live(name: str | None = None, *, max_concurrent: int = 2, slots: int | None = None,
-         **snapshot: Any) -> tuple[Enrolled, Session]:
+def live(
+    name: str | None = None, *, max_concurrent: int = 2, slots: int | None = None, **snapshot: Any
+) -> tuple[Enrolled, Session]:
     """An enrolled worker with a live session whose snapshot is BASE_SNAPSHOT plus ``snapshot``."""
     worker = enrolled_worker(name)
-    session = register(worker, max_concurrent=max_concurrent, slots=slots,
-                       snap=caps.snapshot({**BASE_SNAPSHOT, **snapshot}))
+    session = register(
+        worker, max_concurrent=max_concurrent, slots=slots, snap=caps.snapshot({**BASE_SNAPSHOT, **snapshot})
+    )
     return worker, session

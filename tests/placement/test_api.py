@@ -25,8 +25,15 @@ def test_none_eligible_the_pending_run_shows_its_mismatch_summary_through_the_ap
     run = enqueue(make_revision(placement=PLACEMENT))
     for worker, session in polling:  # every live worker with a slot asks for work: none may take it
         ticket = OfferTicket()
-        assert lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                          offers=[OfferRequest(ticket.offer_id, ticket.token)]) == []
+        assert (
+            lease_claim(
+                worker_id=worker.worker_id,
+                session_id=session.session_id,
+                generation=1,
+                offers=[OfferRequest(ticket.offer_id, ticket.token)],
+            )
+            == []
+        )
     run_cycle()
     answer = ops.get(f"/api/v1/ops/runs/{run.pk}")
     assert answer.status_code == 200
@@ -49,7 +56,10 @@ def test_placement_preview_lists_takers_by_rank_then_each_other_workers_category
     assert body["placement"]["required"]["arch"] == ["x86_64"]
     rows = [(r["workerName"], r["eligible"], r["score"], r["category"]) for r in body["workers"]]
     assert rows[:2] == [("gold", True, 10, None), ("plain", True, 0, None)]
-    assert sorted(rows[2:], key=lambda r: r[0]) == [("arm", False, 0, "arch"), ("full", False, 10, "capacity")]
+    assert sorted(rows[2:], key=lambda r: r[0]) == [
+        ("arm", False, 0, "arch"),
+        ("full", False, 10, "capacity"),
+    ]
     assert str(gold.worker_id) == body["workers"][0]["workerId"]
 
 

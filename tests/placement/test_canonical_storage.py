@@ -30,10 +30,21 @@ WRITTEN_AS = [
     # compact, canonical order
     GOLDEN.replace('"aarch64"', '"arm64"'),
     # reordered keys and sets, aliases in upper case, pretty whitespace
-    json.dumps({"runtimes": [{"version": "3.11.7", "name": "python"}, {"name": "bash", "version": "5.2.15"}],
-                "labels": {"zone": "eu-1", "disk": "ssd"}, "os": "Linux", "arch": "ARM64", "gpus": [],
-                "features": ["zstd", "docker"], "executors": ["shell", "python"], "cpuCount": 4,
-                "diskMiB": 20480, "memoryMiB": 4096}, indent=4),
+    json.dumps(
+        {
+            "runtimes": [{"version": "3.11.7", "name": "python"}, {"name": "bash", "version": "5.2.15"}],
+            "labels": {"zone": "eu-1", "disk": "ssd"},
+            "os": "Linux",
+            "arch": "ARM64",
+            "gpus": [],
+            "features": ["zstd", "docker"],
+            "executors": ["shell", "python"],
+            "cpuCount": 4,
+            "diskMiB": 20480,
+            "memoryMiB": 4096,
+        },
+        indent=4,
+    ),
     # \u escapes and tabs
     '{\t"arch" : "aarch64" , "os":"\\u006cinux","executors":["shell","python"],"runtimes":[{"name":"bash",'
     '"version":"5.2.15"},{"name":"python","version":"3.11.7"}],"labels":{"zone":"eu\\u002d1","disk":"ssd"},'
@@ -64,21 +75,38 @@ def test_the_same_snapshot_written_three_ways_is_stored_as_the_same_bytes(client
         answers.append(answer.json())
     for answer in answers:
         assert answer["capabilitiesSha256"] == expected_digest
-        text, digest = stored_text("workers_workersession", "capabilities", "capabilities_sha256",
-                                   answer["sessionId"] if connection.vendor == "postgresql"
-                                   else answer["sessionId"].replace("-", ""))
+        text, digest = stored_text(
+            "workers_workersession",
+            "capabilities",
+            "capabilities_sha256",
+            answer["sessionId"]
+            if connection.vendor == "postgresql"
+            else answer["sessionId"].replace("-", ""),
+        )
         assert text == expected
         assert digest == expected_digest == hashlib.sha256(text).hexdigest()
 
 
 def test_placement_text_is_stored_canonically(ops):
     variants = [
-        {"required": {"arch": ["arm64", "AMD64"], "runtimes": {"python": " >=3.9   <4"}},
-         "preferred": {"labels": [{"weight": 5, "value": "ssd", "key": "disk"}, {"key": "zone", "value": "eu-1",
-                                                                                 "weight": 50}]}},
-        {"preferred": {"labels": [{"key": "zone", "value": "eu-1", "weight": 50},
-                                  {"key": "disk", "value": "ssd", "weight": 5}]},
-         "required": {"runtimes": {"python": ">=3.9 <4"}, "arch": ["x86_64", "aarch64"]}},
+        {
+            "required": {"arch": ["arm64", "AMD64"], "runtimes": {"python": " >=3.9   <4"}},
+            "preferred": {
+                "labels": [
+                    {"weight": 5, "value": "ssd", "key": "disk"},
+                    {"key": "zone", "value": "eu-1", "weight": 50},
+                ]
+            },
+        },
+        {
+            "preferred": {
+                "labels": [
+                    {"key": "zone", "value": "eu-1", "weight": 50},
+                    {"key": "disk", "value": "ssd", "weight": 5},
+                ]
+            },
+            "required": {"runtimes": {"python": ">=3.9 <4"}, "arch": ["x86_64", "aarch64"]},
+        },
     ]
     golden = (
         '{"preferred":{"labels":[{"key":"disk","value":"ssd","weight":5},{"key":"zone","value":"eu-1","weight":50}]},'
@@ -86,11 +114,18 @@ def test_placement_text_is_stored_canonically(ops):
         '"minMemoryMiB":0,"os":[],"runtimes":{"python":">=3.9 <4"}}}'
     ).encode("ascii")
     for index, placement in enumerate(variants):
-        body = {"name": f"canon-{index}", "executor": "shell", "command": "true", "timeoutSeconds": 5,
-                "placement": placement}
+        body = {
+            "name": f"canon-{index}",
+            "executor": "shell",
+            "command": "true",
+            "timeoutSeconds": 5,
+            "placement": placement,
+        }
         answer = ops.post("/api/v1/ops/tasks", json.dumps(body, indent=index))
         assert answer.status_code == 201, answer.json()
-        key = answer.json()["id"] if connection.vendor == "postgresql" else answer.json()["id"].replace("-", "")
+        key = (
+            answer.json()["id"] if connection.vendor == "postgresql" else answer.json()["id"].replace("-", "")
+        )
         text, digest = stored_text("runs_taskrevision", "placement", "placement_sha256", key)
         assert text == golden
         assert digest == answer.json()["placementSha256"] == hashlib.sha256(golden).hexdigest()

@@ -24,7 +24,12 @@ HTTP = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCh
 
 
 def stored():
-    return WorkerSession.objects.count(), Task.objects.count(), TaskRevision.objects.count(), Event.objects.count()
+    return (
+        WorkerSession.objects.count(),
+        Task.objects.count(),
+        TaskRevision.objects.count(),
+        Event.objects.count(),
+    )
 
 
 @pytest.fixture
@@ -64,7 +69,13 @@ def test_arbitrary_json_capabilities_get_the_pure_functions_answer(worker_api, v
 
 
 def task_body(placement) -> dict:
-    return {"name": "t-gen", "executor": "shell", "command": "true", "timeoutSeconds": 30, "placement": placement}
+    return {
+        "name": "t-gen",
+        "executor": "shell",
+        "command": "true",
+        "timeoutSeconds": 30,
+        "placement": placement,
+    }
 
 
 @HTTP

@@ -35,9 +35,12 @@ class Claimer:
 
 def claim(worker, session):
     ticket = OfferTicket()
-    return lease_claim(worker_id=worker.worker_id, session_id=session.session_id,
-                                      generation=session.generation,
-                                      offers=[OfferRequest(ticket.offer_id, ticket.token)])
+    return lease_claim(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
+        offers=[OfferRequest(ticket.offer_id, ticket.token)],
+    )
 
 
 def test_a_worse_scored_claimer_defers_a_fresh_attempt_and_the_best_takes_it():
@@ -67,8 +70,9 @@ def test_a_better_worker_that_could_not_take_it_is_not_waited_for(how):
     else:
         gold, gold_session = live("gold", labels={"tier": "gold"})
         if how == "draining":
-            session_drain(worker_id=gold.worker_id, session_id=gold_session.session_id,
-                                          generation=1, expected_version=0)
+            session_drain(
+                worker_id=gold.worker_id, session_id=gold_session.session_id, generation=1, expected_version=0
+            )
         else:
             WorkerSession.objects.filter(pk=gold_session.session_id).update(lease_expires_at=db_now())
     run = enqueue(make_revision(placement={**PREFER_GOLD, "required": {"arch": ["x86_64"]}}))
@@ -88,8 +92,9 @@ def test_ties_break_on_free_slots_then_on_worker_id():
     WorkerSession.objects.filter(worker_id=roomy.worker_id).update(lease_expires_at=now)
     assert not ClaimRanking(Claimer(low), 2, now).defer(fresh, PLACEMENT.sha256, PLACEMENT.document, 50)
     assert ClaimRanking(Claimer(high), 2, now).defer(fresh, PLACEMENT.sha256, PLACEMENT.document, 50)
-    assert not ClaimRanking(Claimer(high), 2, now).defer(Attempt(now - timedelta(seconds=10)), PLACEMENT.sha256,
-                                                         PLACEMENT.document, 50)
+    assert not ClaimRanking(Claimer(high), 2, now).defer(
+        Attempt(now - timedelta(seconds=10)), PLACEMENT.sha256, PLACEMENT.document, 50
+    )
 
 
 def test_deferring_reads_only():

@@ -43,22 +43,30 @@ def test_draining_offline_revoked_expired_and_full_workers_never_appear():
     busy, busy_session = live("busy", max_concurrent=1)  # full: its one slot holds an active lease
     run = enqueue(make_revision())
     ticket = OfferTicket()
-    taken = lease_claim(worker_id=busy.worker_id, session_id=busy_session.session_id, generation=1,
-                                       offers=[OfferRequest(ticket.offer_id, ticket.token)])
+    taken = lease_claim(
+        worker_id=busy.worker_id,
+        session_id=busy_session.session_id,
+        generation=1,
+        offers=[OfferRequest(ticket.offer_id, ticket.token)],
+    )
     assert [offer.lease.run_id for offer in taken] == [run.pk]
     healthy, _ = live("healthy")
     drained, drained_session = live("session-drained")
-    session_drain(worker_id=drained.worker_id, session_id=drained_session.session_id,
-                                  generation=1, expected_version=0)
+    session_drain(
+        worker_id=drained.worker_id, session_id=drained_session.session_id, generation=1, expected_version=0
+    )
     operator_drained, _ = live("operator-drained")
     worker_drain(worker_id=operator_drained.worker_id)
     offline, offline_session = live("offline")
-    session_offline(worker_id=offline.worker_id, session_id=offline_session.session_id,
-                                    generation=1, expected_version=0)
+    session_offline(
+        worker_id=offline.worker_id, session_id=offline_session.session_id, generation=1, expected_version=0
+    )
     revoked, _ = live("revoked")
     worker_revoke(worker_id=revoked.worker_id)
     expired, expired_session = live("lease-expired")
-    WorkerSession.objects.filter(pk=expired_session.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    WorkerSession.objects.filter(pk=expired_session.session_id).update(
+        lease_expires_at=db_now() - timedelta(seconds=1)
+    )
     no_slots, _ = live("no-slots", slots=0)
 
     workers = live_workers(now=db_now())
@@ -79,9 +87,17 @@ def test_a_worker_vanishes_the_moment_its_session_lease_lapses_without_a_sweep()
 
 @pytest.mark.django_db
 def test_candidate_pages_hold_64_in_rank_order_and_the_keyset_covers_everyone_once():
-    placement = spec.normalise({"preferred": {"labels": [{"key": "tier", "value": "gold", "weight": 50},
-                                                         {"key": "disk", "value": "ssd", "weight": 7}]}},
-                               executor="shell").document
+    placement = spec.normalise(
+        {
+            "preferred": {
+                "labels": [
+                    {"key": "tier", "value": "gold", "weight": 50},
+                    {"key": "disk", "value": "ssd", "weight": 7},
+                ]
+            }
+        },
+        executor="shell",
+    ).document
     made = []
     for index in range(70):
         labels = {"tier": "gold" if index % 3 == 0 else "silver"}
@@ -104,18 +120,33 @@ def test_candidate_pages_hold_64_in_rank_order_and_the_keyset_covers_everyone_on
 
 def synthetic(index: int, score_label: str, free: int, taken: int) -> LiveWorker:
     snapshot = caps.snapshot({**BASE_SNAPSHOT, "labels": {"tier": score_label}}).document
-    return LiveWorker(worker_id=uuid.UUID(int=index), worker_name=f"w{index}", session_id=uuid.UUID(int=10**6 + index),
-                      generation=1, capabilities=snapshot, max_concurrent_runs=4, available_slots=free,
-                      active_leases=taken)
+    return LiveWorker(
+        worker_id=uuid.UUID(int=index),
+        worker_name=f"w{index}",
+        session_id=uuid.UUID(int=10**6 + index),
+        generation=1,
+        capabilities=snapshot,
+        max_concurrent_runs=4,
+        available_slots=free,
+        active_leases=taken,
+    )
 
 
 WORKERS = st.lists(
     st.tuples(st.sampled_from(["gold", "silver", "bronze"]), st.integers(0, 4), st.integers(0, 4)),
     max_size=200,
 ).map(lambda rows: [synthetic(i, *row) for i, row in enumerate(rows)])
-PLACEMENT = spec.normalise({"preferred": {"labels": [{"key": "tier", "value": "gold", "weight": 30},
-                                                     {"key": "tier", "value": "silver", "weight": 10}]}},
-                           executor="shell").document
+PLACEMENT = spec.normalise(
+    {
+        "preferred": {
+            "labels": [
+                {"key": "tier", "value": "gold", "weight": 30},
+                {"key": "tier", "value": "silver", "weight": 10},
+            ]
+        }
+    },
+    executor="shell",
+).document
 
 
 @settings(max_examples=100, deadline=None)
@@ -124,7 +155,8 @@ def test_paging_any_worker_set_is_bounded_ordered_and_complete(workers, size):
     expected = ranked_candidates(PLACEMENT, workers)
     assert all(c.worker.free_slots > 0 for c in expected)
     assert {str(c.worker.worker_id) for c in expected} == {
-        str(w.worker_id) for w in workers if w.free_slots > 0}
+        str(w.worker_id) for w in workers if w.free_slots > 0
+    }
     pages, after = [], None
     while True:
         page = candidate_page(PLACEMENT, workers, after=after, size=size)
@@ -156,14 +188,24 @@ def test_summary_and_preview_agree_and_hold_categories_only(workers):
     else:
         assert set(summary) <= {"labels", "capacity"}
         assert sum(summary.values()) == len(workers)
-        assert summary.get("capacity", 0) == sum(1 for w in workers if w.capabilities["labels"]["tier"] == "gold")
+        assert summary.get("capacity", 0) == sum(
+            1 for w in workers if w.capabilities["labels"]["tier"] == "gold"
+        )
     shown = [row.eligible for row in preview.rows]
     assert shown == sorted(shown, reverse=True)  # takers first
 
 
-@pytest.mark.parametrize("text", ["", "1:2", "a:1:00000000-0000-0000-0000-000000000000",
-                                  "1:1:00000000-0000-0000-0000-00000000000G", "01:1:00000000-0000-0000-0000-000000000000",
-                                  "1:1:00000000-0000-0000-0000-000000000000\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "1:2",
+        "a:1:00000000-0000-0000-0000-000000000000",
+        "1:1:00000000-0000-0000-0000-00000000000G",
+        "01:1:00000000-0000-0000-0000-000000000000",
+        "1:1:00000000-0000-0000-0000-000000000000\n",
+    ],
+)
 def test_bad_cursors_are_a_validation_error_naming_after(text):
     with pytest.raises(DomainError) as refused:
         decode_cursor(text)

@@ -11,11 +11,11 @@ from actions.leases.claims import OfferRequest, lease_claim
 from actions.placement import SummaryChange, placement_summaries_store, refresh_placement_summaries
 from actions.runs import run_cancel
 from actions.sessions.heartbeat import session_heartbeat
+from actions.sweeps import run_cycle
 from audit.models import Event
 from core.db import db_now
 from placement.matching import SUMMARY_CATEGORIES
 from placement.selectors import describe_summary
-from actions.sweeps import run_cycle
 from runs.models import Run
 from tests.helpers import OfferTicket, enqueue, make_revision
 from tests.placement.support import live
@@ -62,8 +62,13 @@ def test_a_run_nobody_can_take_carries_category_counts_and_they_follow_the_fleet
 
     # One full worker frees a slot: a live worker could take it now, so nothing is left to explain.
     worker, session = full[0]
-    session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                      expected_version=session.version, available_slots=1)
+    session_heartbeat(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        expected_version=session.version,
+        available_slots=1,
+    )
     assert refresh_placement_summaries() == 1
     assert summary_of(run) is None
     assert Event.objects.filter(kind="run.placement_pending").count() == 1
@@ -84,14 +89,20 @@ def test_events_and_logs_hold_categories_only_never_labels_or_values(caplog):
     waiting = enqueue(make_revision(placement={"required": {"labels": {"vault": "other-" + SECRET}}}))
     run_cycle()
     ticket = OfferTicket()
-    offers = lease_claim(worker_id=taker.worker_id, session_id=taker_session.session_id, generation=1,
-                                        offers=[OfferRequest(ticket.offer_id, ticket.token)])
+    offers = lease_claim(
+        worker_id=taker.worker_id,
+        session_id=taker_session.session_id,
+        generation=1,
+        offers=[OfferRequest(ticket.offer_id, ticket.token)],
+    )
     assert [offer.lease.run_id for offer in offers] == [run.pk]
     run_cycle()
     assert summary_of(waiting) == {"labels": 7}
     for event in Event.objects.all():
         text = json.dumps(event.data)
-        assert SECRET not in text and "vault" not in text and "eu-1" not in text and "python" not in text, event.kind
+        assert SECRET not in text and "vault" not in text and "eu-1" not in text and "python" not in text, (
+            event.kind
+        )
         if event.kind == "run.placement_pending":
             assert set(event.data) == {"summary"} and set(event.data["summary"]) <= set(SUMMARY_CATEGORIES)
     assert SECRET not in caplog.text and "vault" not in caplog.text
@@ -103,8 +114,12 @@ def test_a_run_claimed_between_the_read_and_the_write_keeps_no_summary():
     now = db_now()
     stale = SummaryChange(run_id=run.pk, before=None, before_checked_at=None, after={"labels": 1})
     ticket = OfferTicket()
-    lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                               offers=[OfferRequest(ticket.offer_id, ticket.token)])
+    lease_claim(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        offers=[OfferRequest(ticket.offer_id, ticket.token)],
+    )
     assert placement_summaries_store(changes=[stale], checked_at=now) == 0
     assert summary_of(run) is None
 
@@ -138,7 +153,9 @@ def test_a_long_backlog_is_covered_in_turn_across_cycles():
 
 
 def test_a_stored_summary_reads_in_the_fixed_category_order_on_either_database():
-    run = enqueue(make_revision(placement={"required": {"runtimes": {"python": ">=3.12"}, "labels": {"rack": "r9"}}}))
+    run = enqueue(
+        make_revision(placement={"required": {"runtimes": {"python": ">=3.12"}, "labels": {"rack": "r9"}}})
+    )
     new_python = [{"name": "python", "version": "3.12.1"}]
     live("old-python")
     live("no-rack", runtimes=new_python)

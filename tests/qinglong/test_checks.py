@@ -52,9 +52,12 @@ def test_cluster_profile_needs_postgresql_and_a_shared_cache(profile, name, engi
 
 
 def run_check(**env: str) -> subprocess.CompletedProcess:
-    clean = {key: value for key, value in os.environ.items() if not key.startswith(("QINGLONG_", "DATABASE_URL"))}
-    return subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env={**clean, **env},
-                          capture_output=True, text=True)
+    clean = {
+        key: value for key, value in os.environ.items() if not key.startswith(("QINGLONG_", "DATABASE_URL"))
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True
+    )
 
 
 #: The subprocess tests configure their own SQLite file and touch no test database: run them once.
@@ -63,13 +66,20 @@ once = pytest.mark.sqlite
 
 @once
 def test_manage_py_refuses_to_start_a_cluster_on_sqlite(tmp_path):
-    refused = run_check(QINGLONG_PROFILE="cluster-control", DJANGO_SECRET_KEY="test",
-                        DATABASE_URL=f"sqlite:///{tmp_path / 'cluster.sqlite3'}",
-                        REDIS_URL="redis://127.0.0.1:6379/3", QINGLONG_VAR_DIR=str(tmp_path))
+    refused = run_check(
+        QINGLONG_PROFILE="cluster-control",
+        DJANGO_SECRET_KEY="test",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'cluster.sqlite3'}",
+        REDIS_URL="redis://127.0.0.1:6379/3",
+        QINGLONG_VAR_DIR=str(tmp_path),
+    )
     assert refused.returncode != 0
     assert "qinglong.E001" in refused.stderr and "SQLite is never a cluster store" in refused.stderr
-    accepted = run_check(QINGLONG_PROFILE="standalone", DATABASE_URL=f"sqlite:///{tmp_path / 'one.sqlite3'}",
-                         QINGLONG_VAR_DIR=str(tmp_path))
+    accepted = run_check(
+        QINGLONG_PROFILE="standalone",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'one.sqlite3'}",
+        QINGLONG_VAR_DIR=str(tmp_path),
+    )
     assert accepted.returncode == 0, accepted.stderr
 
 
@@ -86,7 +96,9 @@ def test_manage_py_refuses_to_start_a_cluster_on_sqlite(tmp_path):
     ],
 )
 def test_session_lease_must_outlive_the_heartbeat_cadence(protocol_settings, ttl, interval, jitter, ok):
-    protocol_settings(SESSION_LEASE_SECONDS=ttl, HEARTBEAT_INTERVAL_SECONDS=interval, HEARTBEAT_JITTER_RATIO=jitter)
+    protocol_settings(
+        SESSION_LEASE_SECONDS=ttl, HEARTBEAT_INTERVAL_SECONDS=interval, HEARTBEAT_JITTER_RATIO=jitter
+    )
     errors = check_session_timings(None)
     assert (errors == []) is ok
     assert all(error.id == "qinglong.E003" for error in errors)
@@ -94,7 +106,10 @@ def test_session_lease_must_outlive_the_heartbeat_cadence(protocol_settings, ttl
 
 @once
 def test_manage_py_refuses_a_lease_shorter_than_the_cadence(tmp_path):
-    refused = run_check(QINGLONG_SESSION_LEASE_SECONDS="20", DATABASE_URL=f"sqlite:///{tmp_path / 'x.sqlite3'}",
-                        QINGLONG_VAR_DIR=str(tmp_path))
+    refused = run_check(
+        QINGLONG_SESSION_LEASE_SECONDS="20",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'x.sqlite3'}",
+        QINGLONG_VAR_DIR=str(tmp_path),
+    )
     assert refused.returncode != 0 and "qinglong.E003" in refused.stderr
     assert "QINGLONG_SESSION_LEASE_SECONDS ≥ 24" in refused.stderr

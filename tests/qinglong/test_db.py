@@ -115,7 +115,9 @@ def test_sqlite_storage_busy_over_http_is_a_503_with_retry_after(
     api = SignedClient(client, session.worker)
     write_lock_holder.take()
     try:  # a slot change must write
-        answer = api.post(wire.SESSION_HEARTBEAT, {**session.fence(), "expectedVersion": 0, "availableSlots": 1})
+        answer = api.post(
+            wire.SESSION_HEARTBEAT, {**session.fence(), "expectedVersion": 0, "availableSlots": 1}
+        )
     finally:
         write_lock_holder.release()
     assert answer.status_code == 503
@@ -277,7 +279,9 @@ def worker_row_locked_elsewhere():
 
 @real_transactions
 @pytest.mark.postgres
-def test_pg_lock_wait_past_lock_timeout_is_a_503_lock_timeout_without_retry(worker_row_locked_elsewhere, retries):
+def test_pg_lock_wait_past_lock_timeout_is_a_503_lock_timeout_without_retry(
+    worker_row_locked_elsewhere, retries
+):
     lock, release = worker_row_locked_elsewhere
     session = register(enrolled_worker())
     lock(session.worker.worker_id)
@@ -287,10 +291,19 @@ def test_pg_lock_wait_past_lock_timeout_is_a_503_lock_timeout_without_retry(work
     try:
         for call in (
             lambda: register(session.worker),
-            lambda: session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
-                                           generation=1, expected_version=0),
-            lambda: session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
-                                               generation=1, expected_version=0, available_slots=1),
+            lambda: session_drain(
+                worker_id=session.worker.worker_id,
+                session_id=session.session_id,
+                generation=1,
+                expected_version=0,
+            ),
+            lambda: session_heartbeat(
+                worker_id=session.worker.worker_id,
+                session_id=session.session_id,
+                generation=1,
+                expected_version=0,
+                available_slots=1,
+            ),
         ):
             with pytest.raises(DomainError) as refused:
                 call()
@@ -358,11 +371,19 @@ def test_every_session_write_path_locks_the_worker_before_reading_the_session(ca
     fence = {"worker_id": worker.worker_id, "session_id": session.session_id, "generation": 1}
     fresh = enrolled_worker()
     if call == "expire":
-        WorkerSession.objects.filter(pk=session.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
+        WorkerSession.objects.filter(pk=session.session_id).update(
+            lease_expires_at=db_now() - timedelta(seconds=1)
+        )
     actions = {
         "register": lambda: session_register(
-            worker_id=fresh.worker_id, session_id=uuid7(), capabilities=snapshot(),
-            max_concurrent_runs=1, available_slots=1, software_version="t/1", protocol_version=1),
+            worker_id=fresh.worker_id,
+            session_id=uuid7(),
+            capabilities=snapshot(),
+            max_concurrent_runs=1,
+            available_slots=1,
+            software_version="t/1",
+            protocol_version=1,
+        ),
         "replace": lambda: register(worker),
         "heartbeat-write": lambda: session_heartbeat(**fence, expected_version=0, available_slots=1),
         "drain": lambda: session_drain(**fence, expected_version=0),
@@ -374,8 +395,11 @@ def test_every_session_write_path_locks_the_worker_before_reading_the_session(ca
         # the heartbeat's first, lock-free read decides whether to write; check the write
         with CaptureQueriesContext(connection) as queries:
             actions[call]()
-        write_start = next(i for i, q in enumerate(queries.captured_queries)
-                           if 'FROM "workers_worker"' in q["sql"] and "workers_workersession" not in q["sql"])
+        write_start = next(
+            i
+            for i, q in enumerate(queries.captured_queries)
+            if 'FROM "workers_worker"' in q["sql"] and "workers_workersession" not in q["sql"]
+        )
         _lock_then_read(queries.captured_queries[write_start:])
         return
     with CaptureQueriesContext(connection) as queries:

@@ -3,15 +3,17 @@
 import re
 from pathlib import Path
 
-from core.errors import CATALOGUE
 from console.management.commands.error_codes import render
+from core.errors import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ["qinglong", "workers", "runs", "placement", "leases", "protocol", "audit"]
 
 
 def test_docs_errors_md_is_generated_from_the_catalogue():
-    assert (ROOT / "docs" / "errors.md").read_text() == render(), "run: manage.py error_codes > docs/errors.md"
+    assert (ROOT / "docs" / "errors.md").read_text() == render(), (
+        "run: manage.py error_codes > docs/errors.md"
+    )
 
 
 def test_every_raised_code_is_catalogued():

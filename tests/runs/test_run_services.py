@@ -165,7 +165,7 @@ def test_backoff_doubles_per_attempt_up_to_its_ceiling():
 
 def test_a_run_that_stops_waiting_drops_its_placement_summary():
     from runs.models import Run
-    
+
     run = enqueue(make_revision(placement={"required": {"arch": ["aarch64"]}}))
     Run.objects.filter(pk=run.pk).update(placement_summary={"arch": 1})
     run_cancel(run_id=run.pk, reason="not needed")
@@ -174,8 +174,9 @@ def test_a_run_that_stops_waiting_drops_its_placement_summary():
 
 
 def test_a_hostile_env_name_is_named_safely_in_the_error():
-    spec = RevisionSpec(executor="shell", command="true", timeout_seconds=5,
-                                 env={"\x00bad" + "x" * 5000: "v"})
+    spec = RevisionSpec(
+        executor="shell", command="true", timeout_seconds=5, env={"\x00bad" + "x" * 5000: "v"}
+    )
     with pytest.raises(DomainError) as refused:
         task_create(name="env-check", spec=spec)
     assert refused.value.field.startswith("env.") and len(refused.value.field) <= 80

@@ -29,8 +29,9 @@ def test_unsigned_request_is_refused(client):
 def test_request_signed_with_another_key_is_refused(client):
     worker = enrolled_worker()
     session = register(worker)
-    answer = SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat_body(session),
-                                               key=Ed25519PrivateKey.generate())
+    answer = SignedClient(client, worker).post(
+        wire.SESSION_HEARTBEAT, heartbeat_body(session), key=Ed25519PrivateKey.generate()
+    )
     assert answer.status_code == 401 and answer.json()["code"] == "signature_invalid"
 
 
@@ -43,8 +44,11 @@ def test_body_worker_id_of_another_worker_is_refused_before_any_query(client):
     with CaptureQueriesContext(connection) as queries:
         answer = api.post(wire.SESSION_HEARTBEAT, heartbeat_body(session, workerId=str(other.worker_id)))
     assert answer.status_code == 403
-    assert answer.json() == {"code": "principal_mismatch", "message": "workerId is not the authenticated worker",
-                             "field": "workerId"}
+    assert answer.json() == {
+        "code": "principal_mismatch",
+        "message": "workerId is not the authenticated worker",
+        "field": "workerId",
+    }
     assert len(queries) == 0, [q["sql"] for q in queries]
 
 
@@ -70,7 +74,13 @@ def test_text_is_taken_as_sent_so_a_trailing_newline_is_refused_not_trimmed(clie
     from tests.helpers import BASE_SNAPSHOT
 
     worker = enrolled_worker()
-    body = {"sessionId": str(uuid7()), "capabilities": BASE_SNAPSHOT, "maxConcurrentRuns": 1, "availableSlots": 1,
-            "softwareVersion": "ab\n", "protocolVersion": 1}
+    body = {
+        "sessionId": str(uuid7()),
+        "capabilities": BASE_SNAPSHOT,
+        "maxConcurrentRuns": 1,
+        "availableSlots": 1,
+        "softwareVersion": "ab\n",
+        "protocolVersion": 1,
+    }
     answer = SignedClient(client, worker).post(wire.SESSION_REGISTER, body)
     assert (answer.status_code, answer.json()["field"]) == (400, "softwareVersion")

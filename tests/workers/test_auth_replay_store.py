@@ -20,8 +20,9 @@ from workers.nonces import ProcessNonceStore
 pytestmark = pytest.mark.django_db
 
 
-def test_a_captured_request_stays_refused_after_thousands_of_other_requests(client, worker_session,
-                                                                           protocol_settings):
+def test_a_captured_request_stays_refused_after_thousands_of_other_requests(
+    client, worker_session, protocol_settings
+):
     worker, session = worker_session
     protocol_settings(RATE_AUTH_FAILURES="10000/m")
     raw = strictjson.dumps(heartbeat(session))
@@ -31,8 +32,12 @@ def test_a_captured_request_stays_refused_after_thousands_of_other_requests(clie
     for _ in range(400):  # more than Django's locmem cache keeps (300): an LRU would forget
         assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
     for _ in range(200):  # and unknown key ids, which the credential cache remembers as unknown
-        answer = api.post(wire.SESSION_HEARTBEAT, heartbeat(session), key_id=f"wkc_{time.monotonic_ns()}",
-                          key=Ed25519PrivateKey.generate())
+        answer = api.post(
+            wire.SESSION_HEARTBEAT,
+            heartbeat(session),
+            key_id=f"wkc_{time.monotonic_ns()}",
+            key=Ed25519PrivateKey.generate(),
+        )
         assert answer.status_code == 401
     refused(send(client, wire.SESSION_HEARTBEAT, raw, captured), 401, "signature_replayed")
 
@@ -54,8 +59,11 @@ def test_created_may_lead_the_server_clock_only_by_the_future_skew(client, worke
     protocol_settings(SIGNATURE_FUTURE_SKEW_SECONDS=2)
     api = SignedClient(client, worker)
     now = datetime.datetime.now(datetime.UTC)
-    refused(api.post(wire.SESSION_HEARTBEAT, heartbeat(session), created=now + datetime.timedelta(seconds=30)),
-            401, "signature_stale")
+    refused(
+        api.post(wire.SESSION_HEARTBEAT, heartbeat(session), created=now + datetime.timedelta(seconds=30)),
+        401,
+        "signature_stale",
+    )
     assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
 
 
@@ -75,15 +83,19 @@ def test_after_a_restart_a_request_received_by_the_previous_process_cannot_be_re
     refused(send(client, wire.SESSION_HEARTBEAT, raw, headers), 503, "signature_predates_restart")
 
 
-def test_failed_authentications_never_lock_out_a_correctly_signed_worker(client, worker_session,
-                                                                        protocol_settings):
+def test_failed_authentications_never_lock_out_a_correctly_signed_worker(
+    client, worker_session, protocol_settings
+):
     worker, session = worker_session
     protocol_settings(RATE_AUTH_FAILURES="5/m")
     for _ in range(5):
         answer = client.post(wire.SESSION_HEARTBEAT, heartbeat(session), content_type="application/json")
         assert answer.status_code == 401
-    refused(client.post(wire.SESSION_HEARTBEAT, heartbeat(session), content_type="application/json"),
-            429, "rate_limited")
+    refused(
+        client.post(wire.SESSION_HEARTBEAT, heartbeat(session), content_type="application/json"),
+        429,
+        "rate_limited",
+    )
     # the same address, correctly signed: always let through
     assert SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
 

@@ -100,8 +100,11 @@ def test_a_replay_is_refused_over_http_with_the_redis_store(client, settings, re
 
     prefix = f"qltest{secrets.token_hex(4)}"
     settings.CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url,
-                    "KEY_PREFIX": prefix}
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": redis_url,
+            "KEY_PREFIX": prefix,
+        }
     }
     try:
         worker = enrolled_worker()

@@ -180,7 +180,7 @@ def test_the_enroll_worker_command_prints_the_token_once(capsys):
     assert token.startswith("qlenroll_")
     stored = EnrollmentToken.objects.get(worker__name="gpu-box-1")
     assert token not in str(EnrollmentToken.objects.values())
-    
+
     assert stored.digest == token_digest(token)
     credential = worker_enroll(token=token, public_key=new_key_text()[1])
     assert credential.worker.name == "gpu-box-1"
@@ -212,8 +212,12 @@ def test_re_enrolling_fences_the_live_session_and_returns_its_unstarted_work(iss
     session = register(Enrolled(worker.pk, worker.name, first.pk, key))
     run = enqueue(make_revision())
     ticket = OfferTicket()
-    lease_claim(worker_id=worker.pk, session_id=session.session_id, generation=1,
-                               offers=[OfferRequest(ticket.offer_id, ticket.token)])
+    lease_claim(
+        worker_id=worker.pk,
+        session_id=session.session_id,
+        generation=1,
+        offers=[OfferRequest(ticket.offer_id, ticket.token)],
+    )
     again = enrollment_token_create(worker_id=worker.pk)
     worker_enroll(token=again.token, public_key=public_key_text(Ed25519PrivateKey.generate().public_key()))
     fenced = WorkerSession.objects.get(pk=session.session_id)

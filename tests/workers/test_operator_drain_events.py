@@ -15,7 +15,11 @@ def test_operator_drain_and_undrain_record_the_session_they_changed():
     session = register(worker)
     worker_drain(worker_id=worker.worker_id, actor="ops")
     drained = Event.objects.get(kind="session.drained")
-    assert (drained.session_id, drained.actor_type, drained.data["by"]) == (session.session_id, "operator", "operator")
+    assert (drained.session_id, drained.actor_type, drained.data["by"]) == (
+        session.session_id,
+        "operator",
+        "operator",
+    )
     assert WorkerSession.objects.get(pk=session.session_id).state == "draining"
     worker_undrain(worker_id=worker.worker_id, actor="ops")
     assert Event.objects.get(kind="session.undrained").session_id == session.session_id
@@ -26,4 +30,6 @@ def test_operator_drain_and_undrain_record_the_session_they_changed():
 def test_operator_drain_without_a_live_session_writes_only_the_worker_event():
     worker = enrolled_worker()
     worker_drain(worker_id=worker.worker_id)
-    assert list(Event.objects.filter(kind__endswith="drained").values_list("kind", flat=True)) == ["worker.drained"]
+    assert list(Event.objects.filter(kind__endswith="drained").values_list("kind", flat=True)) == [
+        "worker.drained"
+    ]

@@ -63,11 +63,19 @@ def test_new_session_replaces_and_fences_the_old_one():
     assert second.generation == 2 and second.version > first.version
     old = WorkerSession.objects.get(pk=first.session_id)
     assert old.state == SessionState.FENCED and old.end_reason == "superseded"
-    assert WorkerSession.objects.filter(worker_id=worker.worker_id, state__in=["online", "draining"]).count() == 1
+    assert (
+        WorkerSession.objects.filter(worker_id=worker.worker_id, state__in=["online", "draining"]).count()
+        == 1
+    )
     before = rows()
     with pytest.raises(DomainError) as refused:
-        session_heartbeat(worker_id=worker.worker_id, session_id=first.session_id,
-                                   generation=first.generation, expected_version=first.version, available_slots=1)
+        session_heartbeat(
+            worker_id=worker.worker_id,
+            session_id=first.session_id,
+            generation=first.generation,
+            expected_version=first.version,
+            available_slots=1,
+        )
     assert refused.value.code == "session_superseded" and refused.value.status == 409
     assert rows() == before
 
@@ -83,8 +91,13 @@ def test_new_session_replaces_and_fences_the_old_one():
 def test_heartbeat_fence_faults_fail_closed(change, code):
     worker = enrolled_worker()
     session = register(worker)
-    call = {"worker_id": worker.worker_id, "session_id": session.session_id, "generation": session.generation,
-            "expected_version": session.version, "available_slots": 2}
+    call = {
+        "worker_id": worker.worker_id,
+        "session_id": session.session_id,
+        "generation": session.generation,
+        "expected_version": session.version,
+        "available_slots": 2,
+    }
     if change.get("session_id") == "new":
         change = {"session_id": uuid7()}
     before = rows()
@@ -102,8 +115,13 @@ def test_expired_session_lease_fails_closed_without_a_sweep():
     )
     before = rows()
     with pytest.raises(DomainError) as refused:
-        session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id,
-                                   generation=1, expected_version=0, available_slots=2)
+        session_heartbeat(
+            worker_id=worker.worker_id,
+            session_id=session.session_id,
+            generation=1,
+            expected_version=0,
+            available_slots=2,
+        )
     assert refused.value.code == "session_expired"
     assert rows() == before
 
@@ -112,13 +130,25 @@ def test_unchanged_heartbeat_writes_nothing_until_half_the_lease_is_used():
     worker = enrolled_worker()
     session = register(worker)
     before = rows()
-    session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                               expected_version=0, available_slots=2)
+    session_heartbeat(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        expected_version=0,
+        available_slots=2,
+    )
     assert rows() == before
     stored = WorkerSession.objects.get(pk=session.session_id)
-    WorkerSession.objects.filter(pk=stored.pk).update(lease_expires_at=stored.lease_expires_at - timedelta(seconds=20))
-    session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                               expected_version=0, available_slots=2)
+    WorkerSession.objects.filter(pk=stored.pk).update(
+        lease_expires_at=stored.lease_expires_at - timedelta(seconds=20)
+    )
+    session_heartbeat(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        expected_version=0,
+        available_slots=2,
+    )
     extended = WorkerSession.objects.get(pk=stored.pk)
     assert extended.lease_expires_at > stored.lease_expires_at - timedelta(seconds=20)
     assert extended.version == 0  # a lease extension is not a state change
@@ -127,35 +157,57 @@ def test_unchanged_heartbeat_writes_nothing_until_half_the_lease_is_used():
 def test_slot_change_bumps_version_and_slots_never_exceed_the_maximum():
     worker = enrolled_worker()
     session = register(worker, max_concurrent=2)
-    view = session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                      expected_version=0, available_slots=1)
+    view = session_heartbeat(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        expected_version=0,
+        available_slots=1,
+    )
     assert (view.session.available_slots, view.session.version) == (1, 1)
     with pytest.raises(DomainError) as refused:
-        session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                   expected_version=1, available_slots=3)
+        session_heartbeat(
+            worker_id=worker.worker_id,
+            session_id=session.session_id,
+            generation=1,
+            expected_version=1,
+            available_slots=3,
+        )
     assert refused.value.code == "slots_exceed_maximum"
 
 
 def test_drain_zeroes_capacity_and_keeps_heartbeats_valid():
     worker = enrolled_worker()
     session = register(worker)
-    view = session_drain(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                  expected_version=0)
+    view = session_drain(
+        worker_id=worker.worker_id, session_id=session.session_id, generation=1, expected_version=0
+    )
     assert (view.session.state, view.session.available_slots, view.session.version) == ("draining", 0, 1)
-    beat = session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                      expected_version=1, available_slots=2)
+    beat = session_heartbeat(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        expected_version=1,
+        available_slots=2,
+    )
     assert beat.session.available_slots == 0
 
 
 def test_offline_ends_the_session():
     worker = enrolled_worker()
     session = register(worker)
-    view = session_offline(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                    expected_version=0)
+    view = session_offline(
+        worker_id=worker.worker_id, session_id=session.session_id, generation=1, expected_version=0
+    )
     assert view.session.state == "offline" and view.session.available_slots == 0
     with pytest.raises(DomainError) as refused:
-        session_heartbeat(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                   expected_version=view.session.version, available_slots=1)
+        session_heartbeat(
+            worker_id=worker.worker_id,
+            session_id=session.session_id,
+            generation=1,
+            expected_version=view.session.version,
+            available_slots=1,
+        )
     assert refused.value.code == "session_offline"
 
 

@@ -27,17 +27,27 @@ def replace(session):
 
 
 def drain(session):
-    session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
-                           generation=session.generation, expected_version=session.version)
+    session_drain(
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
+        expected_version=session.version,
+    )
 
 
 def offline(session):
-    session_offline(worker_id=session.worker.worker_id, session_id=session.session_id,
-                             generation=session.generation, expected_version=session.version)
+    session_offline(
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
+        expected_version=session.version,
+    )
 
 
 def lapse(session):
-    WorkerSession.objects.filter(pk=session.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    WorkerSession.objects.filter(pk=session.session_id).update(
+        lease_expires_at=db_now() - timedelta(seconds=1)
+    )
 
 
 def expire(session):
@@ -61,17 +71,27 @@ def revoke(session):
 #: action -> (session.* event kinds it writes, in order; data keys of each)
 ACTIONS = {
     "register": (None, [("session.registered", {"generation", "replaced", "draining"})]),
-    "replace": (replace, [("session.fenced", {"reason", "generation", "settled_leases"}),
-                          ("session.registered", {"generation", "replaced", "draining"}),
-                          ("session.replaced", {"generation", "previous_generation"})]),
+    "replace": (
+        replace,
+        [
+            ("session.fenced", {"reason", "generation", "settled_leases"}),
+            ("session.registered", {"generation", "replaced", "draining"}),
+            ("session.replaced", {"generation", "previous_generation"}),
+        ],
+    ),
     "drain": (drain, [("session.drained", {"generation", "by"})]),
     "offline": (offline, [("session.offline", {"generation", "forced", "settled_leases"})]),
     "expire": (expire, [("session.expired", {"generation", "settled_leases"})]),
     "replay-conflict": (conflict, [("session.replay_conflict", {"reason"})]),
-    "storm": (storm, [("session.fenced", {"reason", "generation", "settled_leases"}),
-                      ("session.registered", {"generation", "replaced", "draining"}),
-                      ("session.replaced", {"generation", "previous_generation"}),
-                      ("session.takeover_limited", {"limit", "retry_after_s"})]),
+    "storm": (
+        storm,
+        [
+            ("session.fenced", {"reason", "generation", "settled_leases"}),
+            ("session.registered", {"generation", "replaced", "draining"}),
+            ("session.replaced", {"generation", "previous_generation"}),
+            ("session.takeover_limited", {"limit", "retry_after_s"}),
+        ],
+    ),
     "revoke": (revoke, [("session.fenced", {"reason", "generation", "settled_leases"})]),
 }
 
@@ -99,9 +119,17 @@ def test_refusals_other_than_the_audited_two_write_no_event():
     session = register(enrolled_worker())
     offline(session)
     mark = Event.objects.latest("pk").pk
-    for call in (drain, offline, lambda s: session_heartbeat(
-            worker_id=s.worker.worker_id, session_id=s.session_id, generation=1, expected_version=0,
-            available_slots=1)):
+    for call in (
+        drain,
+        offline,
+        lambda s: session_heartbeat(
+            worker_id=s.worker.worker_id,
+            session_id=s.session_id,
+            generation=1,
+            expected_version=0,
+            available_slots=1,
+        ),
+    ):
         with pytest.raises(DomainError):
             call(session)
     assert not Event.objects.filter(pk__gt=mark).exists()

@@ -27,19 +27,28 @@ pytestmark = pytest.mark.django_db
 
 def claim(session, ticket=None):
     ticket = ticket or OfferTicket()
-    offers = lease_claim(worker_id=session.worker.worker_id, session_id=session.session_id,
-                                        generation=session.generation,
-                                        offers=[OfferRequest(ticket.offer_id, ticket.token)])
+    offers = lease_claim(
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
+        offers=[OfferRequest(ticket.offer_id, ticket.token)],
+    )
     return offers, ticket
 
 
 def start(session, offer, ticket):
-    fence = {"worker_id": session.worker.worker_id, "session_id": session.session_id,
-             "generation": session.generation, "attempt_id": offer.lease.attempt_id,
-             "lease_generation": offer.lease.lease_generation, "lease_token": ticket.token}
+    fence = {
+        "worker_id": session.worker.worker_id,
+        "session_id": session.session_id,
+        "generation": session.generation,
+        "attempt_id": offer.lease.attempt_id,
+        "lease_generation": offer.lease.lease_generation,
+        "lease_token": ticket.token,
+    }
     lease_starting(**fence, offer_id=ticket.offer_id, lease_version=0)
-    lease_running(**fence, offer_id=ticket.offer_id, lease_version=0, pid=9, pgid=9,
-                                 executor_handle="pid=9 pgid=9")
+    lease_running(
+        **fence, offer_id=ticket.offer_id, lease_version=0, pid=9, pgid=9, executor_handle="pid=9 pgid=9"
+    )
     return fence
 
 
@@ -50,20 +59,27 @@ def current(session) -> WorkerSession:
 def test_drain_zeroes_capacity_with_its_event_keeps_heartbeats_and_refuses_claims(client):
     session = register(enrolled_worker(), max_concurrent=3)
     enqueue(make_revision())
-    view = session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
-                                  generation=1, expected_version=0)
+    view = session_drain(
+        worker_id=session.worker.worker_id, session_id=session.session_id, generation=1, expected_version=0
+    )
     assert (view.session.state, view.session.available_slots, view.session.version) == ("draining", 0, 1)
     drained = Event.objects.get(kind="session.drained")
     assert (drained.session_id, drained.data) == (session.session_id, {"generation": 1, "by": "worker"})
-    beat = session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
-                                      generation=1, expected_version=1, available_slots=3)
+    beat = session_heartbeat(
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        expected_version=1,
+        available_slots=3,
+    )
     assert beat.session.available_slots == 0
     before = snapshot_rows()
     with pytest.raises(DomainError) as refused:
         claim(session)
     assert refused.value.code == "session_draining"
-    again = session_drain(worker_id=session.worker.worker_id, session_id=session.session_id,
-                                   generation=1, expected_version=1)
+    again = session_drain(
+        worker_id=session.worker.worker_id, session_id=session.session_id, generation=1, expected_version=1
+    )
     assert again.session.version == 1
     assert snapshot_rows() == before
 
@@ -73,8 +89,9 @@ def test_offline_is_refused_while_leases_are_active_and_allowed_once_they_end(cl
     enqueue(make_revision())
     (offer,), ticket = claim(session)
     fence = start(session, offer, ticket)
-    session_drain(worker_id=session.worker.worker_id, session_id=session.session_id, generation=1,
-                           expected_version=0)
+    session_drain(
+        worker_id=session.worker.worker_id, session_id=session.session_id, generation=1, expected_version=0
+    )
     api = SignedClient(client, session.worker)
     before = snapshot_rows()
     answer = api.post(wire.SESSION_OFFLINE, {**session.fence(), "expectedVersion": 1})
@@ -88,7 +105,12 @@ def test_offline_is_refused_while_leases_are_active_and_allowed_once_they_end(cl
     answer = api.post(wire.SESSION_OFFLINE, {**session.fence(), "expectedVersion": 1})
     assert answer.status_code == 200, answer.json()
     ended = current(session)
-    assert (ended.state, ended.end_reason, ended.available_slots, ended.version) == ("offline", "worker_offline", 0, 2)
+    assert (ended.state, ended.end_reason, ended.available_slots, ended.version) == (
+        "offline",
+        "worker_offline",
+        0,
+        2,
+    )
     offline = Event.objects.get(kind="session.offline")
     assert offline.data == {"generation": 1, "forced": False, "settled_leases": 0}
 
@@ -107,27 +129,46 @@ def test_operator_offline_without_force_is_refused_with_active_leases():
 def test_forced_offline_settles_started_attempts_as_lost_and_requeues_unstarted_ones():
     worker = enrolled_worker()
     session = register(worker, max_concurrent=2)
-    started_run = enqueue(make_revision(command="echo started", max_attempts=2, lost_retry="idempotent",
-                                        retry_backoff_seconds=1, retry_backoff_max_seconds=1))
+    started_run = enqueue(
+        make_revision(
+            command="echo started",
+            max_attempts=2,
+            lost_retry="idempotent",
+            retry_backoff_seconds=1,
+            retry_backoff_max_seconds=1,
+        )
+    )
     waiting_run = enqueue(make_revision(command="echo waiting"))
     tickets = [OfferTicket(), OfferTicket()]
-    offers = lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                        offers=[OfferRequest(t.offer_id, t.token) for t in tickets])
+    offers = lease_claim(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        offers=[OfferRequest(t.offer_id, t.token) for t in tickets],
+    )
     by_run = {o.lease.run_id: (o, t) for o, t in zip(offers, tickets, strict=True)}
     fence = start(session, *by_run[started_run.pk])
 
     view = session_operator_offline(worker_id=worker.worker_id, force=True, actor="ops")
 
     assert (view.session.state, view.session.end_reason, view.session.available_slots) == (
-        "offline", "forced_offline", 0)
-    assert set(RunDispatchLease.objects.values_list("state", "release_reason")) == {("released", "session_offline")}
+        "offline",
+        "forced_offline",
+        0,
+    )
+    assert set(RunDispatchLease.objects.values_list("state", "release_reason")) == {
+        ("released", "session_offline")
+    }
     lost = RunAttempt.objects.get(run=started_run)
     assert lost.state == "lost"
     assert Run.objects.get(pk=started_run.pk).state == "retry_wait"  # retried per its policy
     assert RunAttempt.objects.get(run=waiting_run).state == "claimed"  # back in the queue
     event = Event.objects.get(kind="session.offline")
     assert (event.actor_type, event.actor, event.data) == (
-        "operator", "ops", {"generation": 1, "forced": True, "settled_leases": 2})
+        "operator",
+        "ops",
+        {"generation": 1, "forced": True, "settled_leases": 2},
+    )
     # the worker's process is fenced from now on
     with pytest.raises(DomainError) as refused:
         lease_complete(**fence, completion=Completion(1, "succeeded", 0))
@@ -140,8 +181,9 @@ def test_forced_offline_settles_started_attempts_as_lost_and_requeues_unstarted_
 
 def test_operator_offline_of_a_worker_without_a_live_session_is_refused():
     session = register(enrolled_worker())
-    session_offline(worker_id=session.worker.worker_id, session_id=session.session_id, generation=1,
-                             expected_version=0)
+    session_offline(
+        worker_id=session.worker.worker_id, session_id=session.session_id, generation=1, expected_version=0
+    )
     with pytest.raises(DomainError) as refused:
         session_operator_offline(worker_id=session.worker.worker_id, force=True)
     assert (refused.value.code, refused.value.status) == ("no_live_session", 409)
@@ -184,4 +226,5 @@ def test_admin_action_forces_offline(admin_client):
         follow=True,
     )
     assert [str(m) for m in answer.context["messages"]] == [
-        f"{session.worker.name}: no_live_session: the worker has no online or draining session"]
+        f"{session.worker.name}: no_live_session: the worker has no online or draining session"
+    ]

@@ -46,14 +46,19 @@ def lapse(session_id, seconds: float = 1) -> None:
 def age(session_id, seconds: float) -> None:
     """Pretend ``seconds`` passed since the lease was last extended."""
     stored = WorkerSession.objects.get(pk=session_id)
-    WorkerSession.objects.filter(pk=session_id).update(lease_expires_at=stored.lease_expires_at - timedelta(seconds=seconds))
+    WorkerSession.objects.filter(pk=session_id).update(
+        lease_expires_at=stored.lease_expires_at - timedelta(seconds=seconds)
+    )
 
 
 def heartbeat(session, *, version=None, slots=2):
-    return session_heartbeat(worker_id=session.worker.worker_id, session_id=session.session_id,
-                                      generation=session.generation,
-                                      expected_version=session.version if version is None else version,
-                                      available_slots=slots)
+    return session_heartbeat(
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
+        expected_version=session.version if version is None else version,
+        available_slots=slots,
+    )
 
 
 # --- visibility ----------------------------------------------------------------------------------
@@ -67,19 +72,25 @@ def test_a_lapsed_session_leaves_the_candidates_at_once_without_a_sweep():
     assert WorkerSession.objects.get(pk=lapses.session_id).state == "online"  # not swept yet
     enqueue(make_revision())
     with pytest.raises(DomainError) as refused:
-        lease_claim(worker_id=lapses.worker.worker_id, session_id=lapses.session_id, generation=1,
-                                   offers=[OfferRequest(OfferTicket().offer_id, OfferTicket().token)])
+        lease_claim(
+            worker_id=lapses.worker.worker_id,
+            session_id=lapses.session_id,
+            generation=1,
+            offers=[OfferRequest(OfferTicket().offer_id, OfferTicket().token)],
+        )
     assert refused.value.code == "session_expired"
 
 
 def test_draining_offline_fenced_and_revoked_sessions_are_never_candidates():
     online = register(enrolled_worker())
     draining = register(enrolled_worker())
-    session_drain(worker_id=draining.worker.worker_id, session_id=draining.session_id, generation=1,
-                           expected_version=0)
+    session_drain(
+        worker_id=draining.worker.worker_id, session_id=draining.session_id, generation=1, expected_version=0
+    )
     offline = register(enrolled_worker())
-    session_offline(worker_id=offline.worker.worker_id, session_id=offline.session_id, generation=1,
-                             expected_version=0)
+    session_offline(
+        worker_id=offline.worker.worker_id, session_id=offline.session_id, generation=1, expected_version=0
+    )
     revoked = register(enrolled_worker())
     worker_revoke(worker_id=revoked.worker.worker_id)
     replaced = enrolled_worker()
@@ -97,8 +108,12 @@ def test_sweep_marks_lapsed_sessions_expired_once_and_settles_their_leases():
     fresh = register(enrolled_worker())
     run = enqueue(make_revision())
     ticket = OfferTicket()
-    offer, = lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                        offers=[OfferRequest(ticket.offer_id, ticket.token)])
+    (offer,) = lease_claim(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        offers=[OfferRequest(ticket.offer_id, ticket.token)],
+    )
     lapse(session.session_id)
 
     assert sweep_expired_sessions() == 1
@@ -112,7 +127,9 @@ def test_sweep_marks_lapsed_sessions_expired_once_and_settles_their_leases():
     assert RunAttempt.objects.get(run=run).state == "claimed"  # unstarted: back in the queue
     event = Event.objects.get(kind="session.expired")
     assert (event.session_id, event.actor_type, event.data) == (
-        session.session_id, "reconciler", {"generation": 1, "settled_leases": 1}
+        session.session_id,
+        "reconciler",
+        {"generation": 1, "settled_leases": 1},
     )
     before = snapshot_rows()
     assert sweep_expired_sessions() == 0
@@ -151,7 +168,9 @@ WRITES = ("INSERT", "UPDATE", "DELETE", "SAVEPOINT", "BEGIN")
 
 
 def writes_in(queries) -> list[str]:
-    return [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith(WRITES) or "FOR UPDATE" in q["sql"]]
+    return [
+        q["sql"] for q in queries if q["sql"].lstrip().upper().startswith(WRITES) or "FOR UPDATE" in q["sql"]
+    ]
 
 
 def test_an_unchanged_heartbeat_on_a_fresh_lease_is_a_pure_read():
@@ -198,8 +217,9 @@ def test_a_slot_change_bumps_the_version_once_and_keeps_a_fresh_lease():
 
 def test_a_draining_session_keeps_zero_capacity_whatever_it_reports():
     session = register(enrolled_worker())
-    session_drain(worker_id=session.worker.worker_id, session_id=session.session_id, generation=1,
-                           expected_version=0)
+    session_drain(
+        worker_id=session.worker.worker_id, session_id=session.session_id, generation=1, expected_version=0
+    )
     before = snapshot_rows()
     view = heartbeat(session, version=1, slots=2)
     assert (view.session.state, view.session.available_slots) == ("draining", 0)
@@ -216,7 +236,10 @@ def test_available_slots_never_exceed_the_declared_maximum(client):
         wire.SESSION_HEARTBEAT, {**session.fence(), "expectedVersion": 0, "availableSlots": 3}
     )
     assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (
-        422, "slots_exceed_maximum", "availableSlots")
+        422,
+        "slots_exceed_maximum",
+        "availableSlots",
+    )
     assert snapshot_rows() == before
     from django.db import IntegrityError, transaction
 
@@ -236,16 +259,27 @@ def test_a_heartbeat_never_revives_a_lapsed_lease():
 
 
 def test_heartbeat_answers_cancellations_and_rotation_requests():
-    
+
     worker = enrolled_worker()
     session = register(worker)
     run = enqueue(make_revision())
     ticket = OfferTicket()
-    offer, = lease_claim(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                        offers=[OfferRequest(ticket.offer_id, ticket.token)])
-    lease_starting(worker_id=worker.worker_id, session_id=session.session_id, generation=1,
-                                  attempt_id=offer.lease.attempt_id, lease_generation=offer.lease.lease_generation,
-                                  lease_token=ticket.token, offer_id=ticket.offer_id, lease_version=0)
+    (offer,) = lease_claim(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        offers=[OfferRequest(ticket.offer_id, ticket.token)],
+    )
+    lease_starting(
+        worker_id=worker.worker_id,
+        session_id=session.session_id,
+        generation=1,
+        attempt_id=offer.lease.attempt_id,
+        lease_generation=offer.lease.lease_generation,
+        lease_token=ticket.token,
+        offer_id=ticket.offer_id,
+        lease_version=0,
+    )
     run_cancel(run_id=run.pk)
     credential_force_rotation(worker_id=worker.worker_id)
     view = heartbeat(session)
@@ -260,9 +294,14 @@ def test_heartbeat_answers_cancellations_and_rotation_requests():
 @pytest.mark.parametrize(
     ("profile", "expected"),
     [
-        ("standalone", {"SESSION_LEASE_SECONDS": 30, "HEARTBEAT_INTERVAL_SECONDS": 10, "HEARTBEAT_JITTER_RATIO": 0.1}),
-        ("cluster-control", {"SESSION_LEASE_SECONDS": 45, "HEARTBEAT_INTERVAL_SECONDS": 15,
-                             "HEARTBEAT_JITTER_RATIO": 0.1}),
+        (
+            "standalone",
+            {"SESSION_LEASE_SECONDS": 30, "HEARTBEAT_INTERVAL_SECONDS": 10, "HEARTBEAT_JITTER_RATIO": 0.1},
+        ),
+        (
+            "cluster-control",
+            {"SESSION_LEASE_SECONDS": 45, "HEARTBEAT_INTERVAL_SECONDS": 15, "HEARTBEAT_JITTER_RATIO": 0.1},
+        ),
     ],
 )
 def test_each_profile_sets_its_session_timings_and_the_environment_overrides_them(profile, expected):
@@ -272,13 +311,20 @@ def test_each_profile_sets_its_session_timings_and_the_environment_overrides_the
         "('SESSION_LEASE_SECONDS', 'HEARTBEAT_INTERVAL_SECONDS', 'HEARTBEAT_JITTER_RATIO')}))"
     )
     env = {key: value for key, value in os.environ.items() if not key.startswith("QINGLONG_")}
-    env.update(DJANGO_SETTINGS_MODULE="qinglong.settings", QINGLONG_PROFILE=profile, DJANGO_SECRET_KEY="test",
-               DATABASE_URL="postgres://postgres@127.0.0.1:5432/unused" if profile == "cluster-control" else
-               "sqlite:///:memory:")
-    shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                           check=True)
+    env.update(
+        DJANGO_SETTINGS_MODULE="qinglong.settings",
+        QINGLONG_PROFILE=profile,
+        DJANGO_SECRET_KEY="test",
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/unused"
+        if profile == "cluster-control"
+        else "sqlite:///:memory:",
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
     assert json.loads(shown.stdout) == expected
     env["QINGLONG_SESSION_LEASE_SECONDS"] = "90"
-    shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                           check=True)
+    shown = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
     assert json.loads(shown.stdout)["SESSION_LEASE_SECONDS"] == 90

@@ -91,15 +91,26 @@ MATRIX: dict[str, dict[str, Expect]] = {
     # does not invalidate them (the run lease has its own version).
     "stale expected version": _row(
         Expect(400, "validation_failed"),
-        Expect(409, "session_version_conflict"), Expect(409, "session_version_conflict"),
-        Expect(409, "session_version_conflict"), ALLOWED_OK, ALLOWED_OK, ALLOWED_OK, ALLOWED_OK,
+        Expect(409, "session_version_conflict"),
+        Expect(409, "session_version_conflict"),
+        Expect(409, "session_version_conflict"),
+        ALLOWED_OK,
+        ALLOWED_OK,
+        ALLOWED_OK,
+        ALLOWED_OK,
     ),
     "expired session lease": _row(Expect(409, "session_expired"), Expect(409, "session_expired")),
     # Operator drain: new sessions start draining; heartbeats, drain, offline and the work
     # already leased go on; only new claims are refused.
     "worker draining": _row(
         Expect(201),
-        ALLOWED_OK, ALLOWED_OK, ALLOWED_OK, Expect(409, "session_draining"), ALLOWED_OK, ALLOWED_OK, ALLOWED_OK,
+        ALLOWED_OK,
+        ALLOWED_OK,
+        ALLOWED_OK,
+        Expect(409, "session_draining"),
+        ALLOWED_OK,
+        ALLOWED_OK,
+        ALLOWED_OK,
     ),
     "worker offline": _row(Expect(409, "session_offline"), Expect(409, "session_offline")),
     # Revocation kills the credentials: authentication refuses before any service runs.
@@ -149,7 +160,11 @@ class World:
         return {"sessionId": str(self.session_id), "generation": self.generation}
 
     def service_fence(self) -> dict[str, Any]:
-        return {"worker_id": self.worker.worker_id, "session_id": self.session_id, "generation": self.generation}
+        return {
+            "worker_id": self.worker.worker_id,
+            "session_id": self.session_id,
+            "generation": self.generation,
+        }
 
 
 def build_world(call: str) -> World:
@@ -164,20 +179,37 @@ def build_world(call: str) -> World:
             **world.service_fence(), offers=[OfferRequest(world.ticket.offer_id, world.ticket.token)]
         )
         world.lease = offers[0].lease
-        lease_fence = {**world.service_fence(), "attempt_id": world.lease.attempt_id,
-                       "lease_generation": world.lease.lease_generation, "lease_token": world.ticket.token}
+        lease_fence = {
+            **world.service_fence(),
+            "attempt_id": world.lease.attempt_id,
+            "lease_generation": world.lease.lease_generation,
+            "lease_token": world.ticket.token,
+        }
         if call in ("renew", "complete"):
             lease_starting(**lease_fence, offer_id=world.ticket.offer_id, lease_version=0)
         if call == "complete":
-            lease_running(**lease_fence, offer_id=world.ticket.offer_id, lease_version=0, pid=77,
-                                         pgid=77, executor_handle="pid=77 pgid=77")
+            lease_running(
+                **lease_fence,
+                offer_id=world.ticket.offer_id,
+                lease_version=0,
+                pid=77,
+                pgid=77,
+                executor_handle="pid=77 pgid=77",
+            )
     return world
 
 
 def body_for(call: str, world: World) -> dict[str, Any]:
     if call == "register":
-        return {"sessionId": str(world.session_id), "capabilities": BASE_SNAPSHOT, "maxConcurrentRuns": 2,
-                "availableSlots": 2, "softwareVersion": "test/1", "protocolVersion": 1, **world.body_changes}
+        return {
+            "sessionId": str(world.session_id),
+            "capabilities": BASE_SNAPSHOT,
+            "maxConcurrentRuns": 2,
+            "availableSlots": 2,
+            "softwareVersion": "test/1",
+            "protocolVersion": 1,
+            **world.body_changes,
+        }
     fence = world.session_fence()
     if call == "heartbeat":
         body = {**fence, "expectedVersion": world.version, "availableSlots": 2}
@@ -187,8 +219,12 @@ def body_for(call: str, world: World) -> dict[str, Any]:
         ticket = OfferTicket()
         body = {**fence, "offers": [{"offerId": str(ticket.offer_id), "leaseToken": ticket.token}]}
     else:
-        body = {**fence, "attemptId": str(world.lease.attempt_id), "leaseGeneration": world.lease.lease_generation,
-                "leaseToken": world.ticket.token}
+        body = {
+            **fence,
+            "attemptId": str(world.lease.attempt_id),
+            "leaseGeneration": world.lease.lease_generation,
+            "leaseToken": world.ticket.token,
+        }
         if call == "ack":
             body.update(offerId=str(world.ticket.offer_id), leaseVersion=0)
         elif call == "renew":
@@ -221,7 +257,9 @@ def apply_fault(fault: str, call: str, world: World, capture_on_commit) -> None:
             session_heartbeat(**world.service_fence(), expected_version=world.version, available_slots=1)
             assert current_version(world) == world.version + 1
     elif fault == "expired session lease":
-        WorkerSession.objects.filter(pk=world.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
+        WorkerSession.objects.filter(pk=world.session_id).update(
+            lease_expires_at=db_now() - timedelta(seconds=1)
+        )
     elif fault == "worker draining":
         worker_drain(worker_id=worker_id, actor="ops")
         if call == "register":
@@ -261,7 +299,9 @@ ALLOWED_CHECKS = {
 
 
 def test_every_allowed_cell_has_a_check():
-    allowed = {(call, fault) for fault, row in MATRIX.items() for call, expect in row.items() if expect.allowed}
+    allowed = {
+        (call, fault) for fault, row in MATRIX.items() for call, expect in row.items() if expect.allowed
+    }
     assert allowed == set(ALLOWED_CHECKS)
 
 
@@ -302,12 +342,10 @@ def test_fence_refuses_a_revoked_worker_whose_credential_slipped_through():
     from core.errors import DomainError
 
     for call in (
-        lambda: session_heartbeat(**world.service_fence(), expected_version=world.version,
-                                           available_slots=2),
+        lambda: session_heartbeat(**world.service_fence(), expected_version=world.version, available_slots=2),
         lambda: session_drain(**world.service_fence(), expected_version=world.version),
         lambda: session_offline(**world.service_fence(), expected_version=world.version),
-        lambda: lease_claim(**world.service_fence(),
-                                           offers=[OfferRequest(uuid7(), OfferTicket().token)]),
+        lambda: lease_claim(**world.service_fence(), offers=[OfferRequest(uuid7(), OfferTicket().token)]),
     ):
         with pytest.raises(DomainError) as refused:
             call()
@@ -324,7 +362,9 @@ def docs_matrix() -> dict[str, dict[str, Expect]]:
     """Parse the fail-closed table of docs/sessions.md into the shape of MATRIX."""
     text = DOCS.read_text()
     section = text.split("<!-- matrix:start -->", 1)[1].split("<!-- matrix:end -->", 1)[0]
-    rows = [line.strip().strip("|").split("|") for line in section.strip().splitlines() if line.startswith("|")]
+    rows = [
+        line.strip().strip("|").split("|") for line in section.strip().splitlines() if line.startswith("|")
+    ]
     header = [cell.strip().lower() for cell in rows[0]]
     assert header[1:] == list(CALLS), header
     parsed: dict[str, dict[str, Expect]] = {}
@@ -358,16 +398,21 @@ def test_every_refusal_code_is_catalogued_with_its_status():
 #: The fence's order (docs/sessions.md): the first fault that holds names the refusal.
 ORDER = ("revoked", "unknown", "superseded", "offline", "expired", "generation", "version", "draining")
 ORDER_CODES = {
-    "revoked": "worker_revoked", "unknown": "session_unknown", "superseded": "session_superseded",
-    "offline": "session_offline", "expired": "session_expired", "generation": "session_generation_mismatch",
-    "version": "session_version_conflict", "draining": "session_draining",
+    "revoked": "worker_revoked",
+    "unknown": "session_unknown",
+    "superseded": "session_superseded",
+    "offline": "session_offline",
+    "expired": "session_expired",
+    "generation": "session_generation_mismatch",
+    "version": "session_version_conflict",
+    "draining": "session_draining",
 }
 STATE_FAULTS = {"superseded", "offline", "draining"}  # each sets the session state: never two at once
 
 
 @pytest.mark.parametrize(
     ("first", "second"),
-    [(a, b) for i, a in enumerate(ORDER) for b in ORDER[i + 1:] if not {a, b} <= STATE_FAULTS],
+    [(a, b) for i, a in enumerate(ORDER) for b in ORDER[i + 1 :] if not {a, b} <= STATE_FAULTS],
 )
 def test_fence_checks_in_documented_order(first, second):
     from core.errors import DomainError
@@ -376,8 +421,13 @@ def test_fence_checks_in_documented_order(first, second):
 
     now = db_now()
     worker = Worker(name="order", state=WorkerState.ACTIVE)
-    session = WorkerSession(worker=worker, generation=1, version=0, state=SessionState.ONLINE,
-                            lease_expires_at=now + timedelta(seconds=30))
+    session = WorkerSession(
+        worker=worker,
+        generation=1,
+        version=0,
+        state=SessionState.ONLINE,
+        lease_expires_at=now + timedelta(seconds=30),
+    )
     call = {"generation": 1, "expected_version": 0, "now": now, "purpose": Purpose.CLAIM}
     for fault in (second, first):  # "unknown" drops the row, so the later fault goes first
         if fault == "revoked":
@@ -385,8 +435,11 @@ def test_fence_checks_in_documented_order(first, second):
         elif fault == "unknown":
             session = None
         elif fault in STATE_FAULTS:
-            session.state = {"superseded": SessionState.FENCED, "offline": SessionState.OFFLINE,
-                             "draining": SessionState.DRAINING}[fault]
+            session.state = {
+                "superseded": SessionState.FENCED,
+                "offline": SessionState.OFFLINE,
+                "draining": SessionState.DRAINING,
+            }[fault]
         elif fault == "expired":
             session.lease_expires_at = now - timedelta(seconds=1)
         elif fault == "generation":

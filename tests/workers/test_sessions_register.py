@@ -41,8 +41,15 @@ TIMING = {"serverTime", "nextHeartbeatAt"}
 
 
 def register_body(session_id, **changes):
-    return {"sessionId": str(session_id), "capabilities": BASE_SNAPSHOT, "maxConcurrentRuns": 2,
-            "availableSlots": 2, "softwareVersion": "test/1", "protocolVersion": 1, **changes}
+    return {
+        "sessionId": str(session_id),
+        "capabilities": BASE_SNAPSHOT,
+        "maxConcurrentRuns": 2,
+        "availableSlots": 2,
+        "softwareVersion": "test/1",
+        "protocolVersion": 1,
+        **changes,
+    }
 
 
 def without_timing(answer: dict) -> dict:
@@ -60,7 +67,12 @@ def test_first_registration_over_http_is_generation_1_version_0_with_server_time
     answer = SignedClient(client, worker).post(wire.SESSION_REGISTER, register_body(session_id))
     out = answer.json()
     assert answer.status_code == 201, out
-    assert (out["generation"], out["version"], out["state"], out["replacedSession"]) == (1, 0, "online", False)
+    assert (out["generation"], out["version"], out["state"], out["replacedSession"]) == (
+        1,
+        0,
+        "online",
+        False,
+    )
     stored = WorkerSession.objects.get(pk=session_id)
     # the lease is the database clock at registration plus the configured TTL
     assert stored.lease_expires_at - stored.registered_at == timedelta(seconds=40)
@@ -127,28 +139,48 @@ def test_another_workers_session_id_is_a_conflict_that_does_not_name_it():
         register(intruder, session_id=taken.session_id)
     assert refused.value.code == "session_replay_conflict"
     event = Event.objects.get(kind="session.replay_conflict")
-    assert (event.worker_id, event.session_id, event.data) == (intruder.worker_id, None, {"reason": "other_worker"})
+    assert (event.worker_id, event.session_id, event.data) == (
+        intruder.worker_id,
+        None,
+        {"reason": "other_worker"},
+    )
     assert not WorkerSession.objects.filter(worker_id=intruder.worker_id).exists()
 
 
 def test_replacement_raises_generation_and_version_and_fences_the_old_session_atomically():
     worker = enrolled_worker()
     first = register(worker)
-    session_heartbeat(worker_id=worker.worker_id, session_id=first.session_id, generation=1,
-                               expected_version=0, available_slots=1)  # version 1
+    session_heartbeat(
+        worker_id=worker.worker_id,
+        session_id=first.session_id,
+        generation=1,
+        expected_version=0,
+        available_slots=1,
+    )  # version 1
     second = register(worker)
     old = WorkerSession.objects.get(pk=first.session_id)
     assert (old.state, old.end_reason, old.available_slots, old.version) == ("fenced", "superseded", 0, 2)
-    assert old.ended_at == WorkerSession.objects.get(pk=second.session_id).registered_at  # one transaction's clock
+    assert (
+        old.ended_at == WorkerSession.objects.get(pk=second.session_id).registered_at
+    )  # one transaction's clock
     assert (second.generation, second.version) == (2, 3)
     third = register(worker)
     assert (third.generation, third.version) == (3, 5)
     assert [s.pk for s in live(worker)] == [third.session_id]
-    kinds = list(Event.objects.filter(worker_id=worker.worker_id, kind__startswith="session.")
-                 .order_by("pk").values_list("kind", flat=True))
-    assert kinds == ["session.registered",
-                     "session.fenced", "session.registered", "session.replaced",
-                     "session.fenced", "session.registered", "session.replaced"]
+    kinds = list(
+        Event.objects.filter(worker_id=worker.worker_id, kind__startswith="session.")
+        .order_by("pk")
+        .values_list("kind", flat=True)
+    )
+    assert kinds == [
+        "session.registered",
+        "session.fenced",
+        "session.registered",
+        "session.replaced",
+        "session.fenced",
+        "session.registered",
+        "session.replaced",
+    ]
 
 
 def test_replacement_settles_the_old_sessions_leases_started_lost_unstarted_requeued():
@@ -158,20 +190,31 @@ def test_replacement_settles_the_old_sessions_leases_started_lost_unstarted_requ
     waiting_run = enqueue(make_revision(command="echo waiting"))
     tickets = [OfferTicket(), OfferTicket()]
     offers = lease_claim(
-        worker_id=worker.worker_id, session_id=first.session_id, generation=1,
+        worker_id=worker.worker_id,
+        session_id=first.session_id,
+        generation=1,
         offers=[OfferRequest(t.offer_id, t.token) for t in tickets],
     )
     assert len(offers) == 2
     by_run = {o.lease.run_id: (o.lease, t) for o, t in zip(offers, tickets, strict=True)}
     lease, ticket = by_run[started_run.pk]
-    lease_starting(worker_id=worker.worker_id, session_id=first.session_id, generation=1,
-                                  attempt_id=lease.attempt_id, lease_generation=lease.lease_generation,
-                                  lease_token=ticket.token, offer_id=ticket.offer_id, lease_version=0)
+    lease_starting(
+        worker_id=worker.worker_id,
+        session_id=first.session_id,
+        generation=1,
+        attempt_id=lease.attempt_id,
+        lease_generation=lease.lease_generation,
+        lease_token=ticket.token,
+        offer_id=ticket.offer_id,
+        lease_version=0,
+    )
 
     register(worker)
 
     leases = {lease.run_id: lease for lease in RunDispatchLease.objects.all()}
-    assert {(lease.state, lease.release_reason) for lease in leases.values()} == {("released", "session_replaced")}
+    assert {(lease.state, lease.release_reason) for lease in leases.values()} == {
+        ("released", "session_replaced")
+    }
     assert RunAttempt.objects.get(run=started_run).state == "lost"
     assert Run.objects.get(pk=started_run.pk).state == "failed"  # lost_retry=never: the run fails
     waiting = RunAttempt.objects.get(run=waiting_run)
@@ -197,7 +240,9 @@ def test_a_lapsed_session_is_expired_by_the_next_registration_not_taken_over(cli
     assert WorkerSession.objects.get(pk=first.session_id).state == "fenced"
 
 
-def test_takeover_storm_is_limited_with_429_an_audit_event_and_nothing_else_written(client, protocol_settings):
+def test_takeover_storm_is_limited_with_429_an_audit_event_and_nothing_else_written(
+    client, protocol_settings
+):
     protocol_settings(TAKEOVERS_PER_MINUTE=3)
     worker = enrolled_worker()
     api = SignedClient(client, worker)
@@ -245,8 +290,12 @@ def test_registrations_after_offline_are_not_takeovers(protocol_settings):
     for generation in range(1, 5):
         session = register(worker)
         assert session.generation == generation
-        session_offline(worker_id=worker.worker_id, session_id=session.session_id,
-                                 generation=session.generation, expected_version=session.version)
+        session_offline(
+            worker_id=worker.worker_id,
+            session_id=session.session_id,
+            generation=session.generation,
+            expected_version=session.version,
+        )
     assert not Event.objects.filter(kind__in=["session.replaced", "session.takeover_limited"]).exists()
 
 
@@ -267,8 +316,7 @@ def test_operator_drain_survives_a_restart_and_undrain_lets_the_next_session_onl
 def test_a_workers_own_drain_does_not_outlive_its_process():
     worker = enrolled_worker()
     first = register(worker)
-    session_drain(worker_id=worker.worker_id, session_id=first.session_id, generation=1,
-                           expected_version=0)
+    session_drain(worker_id=worker.worker_id, session_id=first.session_id, generation=1, expected_version=0)
     restarted = register(worker)
     assert WorkerSession.objects.get(pk=restarted.session_id).state == "online"
 
@@ -299,7 +347,9 @@ def test_revocation_survives_a_restart(django_capture_on_commit_callbacks, clien
         ({"capabilities": {**BASE_SNAPSHOT, "arch": 7}}, 422, "capabilities_invalid", "capabilities.arch"),
     ],
 )
-def test_bad_registration_input_is_a_4xx_naming_the_field_and_writes_nothing(client, changes, status, code, field):
+def test_bad_registration_input_is_a_4xx_naming_the_field_and_writes_nothing(
+    client, changes, status, code, field
+):
     worker = enrolled_worker()
     before = snapshot_rows()
     answer = SignedClient(client, worker).post(wire.SESSION_REGISTER, register_body(uuid7(), **changes))
@@ -320,12 +370,22 @@ def test_replay_of_a_session_in_every_ended_state_is_refused_with_its_code():
     worker = enrolled_worker()
     fenced = register(worker)
     offline = register(worker)
-    session_offline(worker_id=worker.worker_id, session_id=offline.session_id, generation=2,
-                             expected_version=offline.version)
+    session_offline(
+        worker_id=worker.worker_id,
+        session_id=offline.session_id,
+        generation=2,
+        expected_version=offline.version,
+    )
     expired = register(worker)
-    WorkerSession.objects.filter(pk=expired.session_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    WorkerSession.objects.filter(pk=expired.session_id).update(
+        lease_expires_at=db_now() - timedelta(seconds=1)
+    )
     sweep_expired_sessions()
-    for ended, code in ((fenced, "session_superseded"), (offline, "session_offline"), (expired, "session_expired")):
+    for ended, code in (
+        (fenced, "session_superseded"),
+        (offline, "session_offline"),
+        (expired, "session_expired"),
+    ):
         with pytest.raises(DomainError) as refused:
             register(worker, session_id=ended.session_id)
         assert refused.value.code == code

@@ -47,7 +47,9 @@ DEGENERATE = {
 
 
 def enroll(client, token: str, public_key: str):
-    return client.post(wire.ENROLL, {"token": token, "publicKey": public_key}, content_type="application/json")
+    return client.post(
+        wire.ENROLL, {"token": token, "publicKey": public_key}, content_type="application/json"
+    )
 
 
 @pytest.mark.parametrize("raw", [*DEGENERATE.values(), None], ids=[*DEGENERATE, "mixed order"])
@@ -79,10 +81,17 @@ def test_a_stored_degenerate_key_never_authenticates_a_forged_request(client):
     WorkerCredential.objects.filter(pk=worker.credential_id).update(public_key=text(IDENTITY))
     forget_credentials([worker.credential_id])
     body = strictjson.dumps({"sessionId": "0190b3c2-0000-7000-8000-000000000001", "generation": 1})
-    headers = sign_request(method="POST", path=wire.SESSION_HEARTBEAT, body=body,
-                           key_id=worker.credential_id, private_key=Ed25519PrivateKey.generate())
+    headers = sign_request(
+        method="POST",
+        path=wire.SESSION_HEARTBEAT,
+        body=body,
+        key_id=worker.credential_id,
+        private_key=Ed25519PrivateKey.generate(),
+    )
     forged = base64.b64encode(IDENTITY + bytes(32)).decode()  # R = identity, S = 0
     headers["Signature"] = f"ql=:{forged}:"
-    answer = client.generic("POST", wire.SESSION_HEARTBEAT, body, content_type="application/json", headers=headers)
+    answer = client.generic(
+        "POST", wire.SESSION_HEARTBEAT, body, content_type="application/json", headers=headers
+    )
     assert (answer.status_code, answer.json()["code"]) == (401, "signature_invalid")
     assert not WorkerSession.objects.exists()

@@ -8,7 +8,6 @@ import protocol.ids
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -17,81 +16,228 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Worker',
+            name="Worker",
             fields=[
-                ('id', models.UUIDField(default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False)),
-                ('name', models.SlugField(max_length=64, unique=True)),
-                ('description', models.CharField(blank=True, default='', max_length=200)),
-                ('state', models.CharField(choices=[('active', 'Active'), ('draining', 'Draining'), ('revoked', 'Revoked')], default='active', max_length=16)),
-                ('drain_requested_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('rotation_required', models.BooleanField(default=False, editable=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("name", models.SlugField(max_length=64, unique=True)),
+                ("description", models.CharField(blank=True, default="", max_length=200)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("active", "Active"), ("draining", "Draining"), ("revoked", "Revoked")],
+                        default="active",
+                        max_length=16,
+                    ),
+                ),
+                ("drain_requested_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("rotation_required", models.BooleanField(default=False, editable=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['name'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['active', 'draining', 'revoked'])), name='worker_state_valid'), models.CheckConstraint(condition=models.Q(models.Q(('state', 'revoked'), _negated=True), ('revoked_at__isnull', False), _connector='OR'), name='worker_revoked_has_time')],
+                "ordering": ["name"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("state__in", ["active", "draining", "revoked"])),
+                        name="worker_state_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("state", "revoked"), _negated=True),
+                            ("revoked_at__isnull", False),
+                            _connector="OR",
+                        ),
+                        name="worker_revoked_has_time",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='EnrollmentToken',
+            name="EnrollmentToken",
             fields=[
-                ('id', models.UUIDField(default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False)),
-                ('digest', models.CharField(editable=False, help_text='SHA-256 of the token, hex', max_length=64, unique=True)),
-                ('created_at', models.DateTimeField(editable=False)),
-                ('expires_at', models.DateTimeField(editable=False)),
-                ('used_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('used_by_credential', models.CharField(blank=True, default='', editable=False, max_length=40)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('worker', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='enrollment_tokens', to='workers.worker')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=protocol.ids.uuid7, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                (
+                    "digest",
+                    models.CharField(
+                        editable=False, help_text="SHA-256 of the token, hex", max_length=64, unique=True
+                    ),
+                ),
+                ("created_at", models.DateTimeField(editable=False)),
+                ("expires_at", models.DateTimeField(editable=False)),
+                ("used_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                (
+                    "used_by_credential",
+                    models.CharField(blank=True, default="", editable=False, max_length=40),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="enrollment_tokens",
+                        to="workers.worker",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='WorkerCredential',
+            name="WorkerCredential",
             fields=[
-                ('id', models.CharField(editable=False, max_length=40, primary_key=True, serialize=False)),
-                ('public_key', models.CharField(editable=False, help_text='raw Ed25519 key, base64url', max_length=64)),
-                ('fingerprint', models.CharField(editable=False, help_text='SHA-256 of the raw key, hex', max_length=64)),
-                ('state', models.CharField(choices=[('active', 'Active'), ('rotated', 'Rotated'), ('revoked', 'Revoked')], default='active', max_length=16)),
-                ('created_at', models.DateTimeField(editable=False)),
-                ('not_after', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('revoke_reason', models.CharField(blank=True, default='', editable=False, max_length=32)),
-                ('worker', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='credentials', to='workers.worker')),
+                ("id", models.CharField(editable=False, max_length=40, primary_key=True, serialize=False)),
+                (
+                    "public_key",
+                    models.CharField(editable=False, help_text="raw Ed25519 key, base64url", max_length=64),
+                ),
+                (
+                    "fingerprint",
+                    models.CharField(editable=False, help_text="SHA-256 of the raw key, hex", max_length=64),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("active", "Active"), ("rotated", "Rotated"), ("revoked", "Revoked")],
+                        default="active",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(editable=False)),
+                ("not_after", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("revoke_reason", models.CharField(blank=True, default="", editable=False, max_length=32)),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="credentials",
+                        to="workers.worker",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['active', 'rotated', 'revoked'])), name='credential_state_valid'), models.UniqueConstraint(condition=models.Q(('state', 'active')), fields=('worker',), name='one_active_credential_per_worker'), models.CheckConstraint(condition=models.Q(models.Q(('state', 'rotated'), _negated=True), ('not_after__isnull', False), _connector='OR'), name='rotated_credential_has_grace_end')],
+                "ordering": ["-created_at"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("state__in", ["active", "rotated", "revoked"])),
+                        name="credential_state_valid",
+                    ),
+                    models.UniqueConstraint(
+                        condition=models.Q(("state", "active")),
+                        fields=("worker",),
+                        name="one_active_credential_per_worker",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("state", "rotated"), _negated=True),
+                            ("not_after__isnull", False),
+                            _connector="OR",
+                        ),
+                        name="rotated_credential_has_grace_end",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='WorkerSession',
+            name="WorkerSession",
             fields=[
-                ('id', models.UUIDField(editable=False, help_text='worker-generated UUIDv7', primary_key=True, serialize=False)),
-                ('generation', models.PositiveBigIntegerField(editable=False)),
-                ('version', models.PositiveBigIntegerField(editable=False)),
-                ('state', models.CharField(choices=[('online', 'Online'), ('draining', 'Draining'), ('offline', 'Offline'), ('fenced', 'Fenced'), ('expired', 'Expired')], editable=False, max_length=16)),
-                ('end_reason', models.CharField(blank=True, default='', editable=False, max_length=32)),
-                ('drained_by', models.CharField(blank=True, default='', editable=False, max_length=16)),
-                ('capabilities', models.TextField(editable=False, help_text='RFC 8785 canonical JSON')),
-                ('capabilities_sha256', models.CharField(editable=False, max_length=64)),
-                ('max_concurrent_runs', models.PositiveSmallIntegerField(editable=False)),
-                ('available_slots', models.PositiveSmallIntegerField(editable=False)),
-                ('software_version', models.CharField(editable=False, max_length=64)),
-                ('protocol_version', models.PositiveSmallIntegerField(editable=False)),
-                ('registration_sha256', models.CharField(editable=False, max_length=64)),
-                ('registered_at', models.DateTimeField(editable=False)),
-                ('lease_expires_at', models.DateTimeField(editable=False)),
-                ('ended_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('worker', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='sessions', to='workers.worker')),
+                (
+                    "id",
+                    models.UUIDField(
+                        editable=False, help_text="worker-generated UUIDv7", primary_key=True, serialize=False
+                    ),
+                ),
+                ("generation", models.PositiveBigIntegerField(editable=False)),
+                ("version", models.PositiveBigIntegerField(editable=False)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("online", "Online"),
+                            ("draining", "Draining"),
+                            ("offline", "Offline"),
+                            ("fenced", "Fenced"),
+                            ("expired", "Expired"),
+                        ],
+                        editable=False,
+                        max_length=16,
+                    ),
+                ),
+                ("end_reason", models.CharField(blank=True, default="", editable=False, max_length=32)),
+                ("drained_by", models.CharField(blank=True, default="", editable=False, max_length=16)),
+                ("capabilities", models.TextField(editable=False, help_text="RFC 8785 canonical JSON")),
+                ("capabilities_sha256", models.CharField(editable=False, max_length=64)),
+                ("max_concurrent_runs", models.PositiveSmallIntegerField(editable=False)),
+                ("available_slots", models.PositiveSmallIntegerField(editable=False)),
+                ("software_version", models.CharField(editable=False, max_length=64)),
+                ("protocol_version", models.PositiveSmallIntegerField(editable=False)),
+                ("registration_sha256", models.CharField(editable=False, max_length=64)),
+                ("registered_at", models.DateTimeField(editable=False)),
+                ("lease_expires_at", models.DateTimeField(editable=False)),
+                ("ended_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="sessions",
+                        to="workers.worker",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-registered_at'],
-                'indexes': [models.Index(fields=['state', 'lease_expires_at'], name='session_state_expiry')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['online', 'draining', 'offline', 'fenced', 'expired'])), name='session_state_valid'), models.UniqueConstraint(fields=('worker', 'generation'), name='session_generation_unique'), models.UniqueConstraint(condition=models.Q(('state__in', ('online', 'draining'))), fields=('worker',), name='one_live_session_per_worker'), models.CheckConstraint(condition=models.Q(('available_slots__lte', models.F('max_concurrent_runs'))), name='slots_within_maximum'), models.CheckConstraint(condition=models.Q(models.Q(('state', 'draining'), _negated=True), ('available_slots', 0), _connector='OR'), name='draining_has_no_capacity'), models.CheckConstraint(condition=models.Q(('generation__gte', 1)), name='session_generation_positive')],
+                "ordering": ["-registered_at"],
+                "indexes": [models.Index(fields=["state", "lease_expires_at"], name="session_state_expiry")],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("state__in", ["online", "draining", "offline", "fenced", "expired"])
+                        ),
+                        name="session_state_valid",
+                    ),
+                    models.UniqueConstraint(
+                        fields=("worker", "generation"), name="session_generation_unique"
+                    ),
+                    models.UniqueConstraint(
+                        condition=models.Q(("state__in", ("online", "draining"))),
+                        fields=("worker",),
+                        name="one_live_session_per_worker",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("available_slots__lte", models.F("max_concurrent_runs"))),
+                        name="slots_within_maximum",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("state", "draining"), _negated=True),
+                            ("available_slots", 0),
+                            _connector="OR",
+                        ),
+                        name="draining_has_no_capacity",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("generation__gte", 1)), name="session_generation_positive"
+                    ),
+                ],
             },
         ),
     ]

@@ -4,15 +4,16 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('workers', '0002_heartbeat_updates_in_place'),
+        ("workers", "0002_heartbeat_updates_in_place"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='workercredential',
-            name='public_key',
-            field=models.CharField(editable=False, help_text='raw Ed25519 key, base64url', max_length=64, unique=True),
+            model_name="workercredential",
+            name="public_key",
+            field=models.CharField(
+                editable=False, help_text="raw Ed25519 key, base64url", max_length=64, unique=True
+            ),
         ),
     ]

@@ -19,7 +19,9 @@ class Command(BaseCommand):
         try:
             revision = selectors.latest_revision(selectors.task_by_name(options["task"]))
             run = run_enqueue(
-                revision_id=revision.pk, priority=options["priority"], actor_type=ActorType.OPERATOR,
+                revision_id=revision.pk,
+                priority=options["priority"],
+                actor_type=ActorType.OPERATOR,
                 actor="manage.py",
             )
         except DomainError as exc:

@@ -28,7 +28,9 @@ class Command(BaseCommand):
             self.stdout.write(issued.token)
             return
         self.stdout.write(f"worker {worker.name} ({worker.pk})")
-        self.stdout.write(f"enrollment token (single use, expires {issued.record.expires_at:%Y-%m-%d %H:%M} UTC):")
+        self.stdout.write(
+            f"enrollment token (single use, expires {issued.record.expires_at:%Y-%m-%d %H:%M} UTC):"
+        )
         self.stdout.write(f"  {issued.token}")
         self.stdout.write("on the worker machine:")
         self.stdout.write(f"  qinglong-worker enroll --server {options['server']} --token {issued.token}")

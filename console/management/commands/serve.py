@@ -12,8 +12,8 @@ from django.core.management.base import BaseCommand
 from django.core.wsgi import get_wsgi_application
 from waitress import serve
 
-from core.conf import is_cluster
 from actions.sweeps import loop
+from core.conf import is_cluster
 
 #: Largest body waitress will buffer: the operator API's limit (96 KiB) plus headroom.
 MAX_REQUEST_BODY_BYTES = 128 * 1024
@@ -27,7 +27,9 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--threads", type=int, default=8)
         parser.add_argument("--sweep-interval", type=float, default=2.0, help="seconds between sweep cycles")
-        parser.add_argument("--sweep", action="store_true", help="run the sweep loop in the cluster profile too")
+        parser.add_argument(
+            "--sweep", action="store_true", help="run the sweep loop in the cluster profile too"
+        )
         parser.add_argument("--no-sweep", action="store_true", help="do not run the sweep loop here")
 
     def handle(self, *args, **options):
@@ -44,7 +46,13 @@ class Command(BaseCommand):
         try:
             # waitress buffers a whole body before Django sees it (chunked bodies included), so its
             # own cap must sit just above the largest per-endpoint limit (BodyLimitMiddleware).
-            serve(get_wsgi_application(), host=options["host"], port=options["port"], threads=options["threads"],
-                  ident="qinglong", max_request_body_size=MAX_REQUEST_BODY_BYTES)
+            serve(
+                get_wsgi_application(),
+                host=options["host"],
+                port=options["port"],
+                threads=options["threads"],
+                ident="qinglong",
+                max_request_body_size=MAX_REQUEST_BODY_BYTES,
+            )
         finally:
             stop.set()

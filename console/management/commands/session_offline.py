@@ -26,5 +26,6 @@ class Command(BaseCommand):
         except DomainError as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from None
         session = view.session
-        self.stdout.write(f"{worker.name}: session generation {session.generation} {session.state} "
-                          f"({session.end_reason})")
+        self.stdout.write(
+            f"{worker.name}: session generation {session.generation} {session.state} ({session.end_reason})"
+        )
