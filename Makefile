@@ -42,6 +42,13 @@ BENCH_PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong_bench
 bench-claim: $(VENV)/.dev
 	$(PY) bench/claim.py --pg-url $(BENCH_PG_URL)
 
+## lint: style (ruff check, ruff format --check), the layer contracts (import-linter), types (mypy)
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis
 

@@ -35,3 +35,10 @@ def test_an_action_on_a_malformed_id_is_refused_with_a_message(admin_client, cha
     assert Event.objects.count() == events  # nothing was done, not even to the valid id
     assert Run.objects.get(pk=run.pk).cancel_requested_at is None
     assert not Worker.objects.exists()
+
+
+def test_admin_pages_use_the_console_frame_from_templates(admin_client):
+    """templates/admin/base_site.html (TEMPLATES["DIRS"]) frames every admin page."""
+    page = admin_client.get("/admin/").content.decode()
+    assert "| QingLong control plane</title>" in page
+    assert '<div id="site-name"><a href="/admin/">QingLong control plane</a></div>' in page
