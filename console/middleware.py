@@ -3,6 +3,7 @@ the ``ql_tz`` cookie; this middleware activates it for the request (UTC when abs
 
 from __future__ import annotations
 
+from urllib.parse import unquote
 from zoneinfo import ZoneInfo
 
 from django.utils import timezone
@@ -17,7 +18,7 @@ class OperatorTimezoneMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        zone = _zone(request.COOKIES.get(COOKIE, ""))
+        zone = _zone(unquote(request.COOKIES.get(COOKIE, "")))
         if zone is None:
             timezone.deactivate()
         else:

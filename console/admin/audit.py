@@ -19,7 +19,7 @@ def _link(name: str, value) -> str:
 
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
-    list_display = ("id", "time", "kind", "actor_type", "actor", "worker", "run", "attempt", "data_text")
+    list_display = ("id", "time", "kind", "who", "worker", "run", "attempt", "data_text")
     list_filter = ("kind", "actor_type")
     search_fields = ("=actor", "=worker_id", "=run_id", "=attempt_id", "=session_id", "kind")
     search_help_text = "an actor's name, a worker, run, attempt or session id, or an event kind"
@@ -42,6 +42,10 @@ class EventAdmin(ReadOnlyAdmin):
     @admin.display(description="time", ordering="created_at")
     def time(self, event):
         return when(event.created_at)
+
+    @admin.display(description="actor", ordering="actor")
+    def who(self, event):
+        return f"{event.actor_type}: {event.actor}" if event.actor else event.actor_type
 
     @admin.display(description="worker")
     def worker(self, event):

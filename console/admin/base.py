@@ -17,6 +17,20 @@ class ModelAdmin(admin.ModelAdmin):
     valid primary key (``_selected_action=not-a-uuid``) is refused with an error message and
     nothing done, instead of failing with a 500 when the selection is evaluated."""
 
+    def get_actions(self, request):
+        """Actions that declare no ``allowed_permissions`` need the model's standard change
+        permission (``<app>.change_<model>``): a view-only user sees no state-changing control.
+        Actions that declare permissions are left to Django's own check."""
+        actions = super().get_actions(request)
+        codename = f"{self.opts.app_label}.change_{self.opts.model_name}"
+        if request.user.has_perm(codename):
+            return actions
+        return {
+            name: entry
+            for name, entry in actions.items()
+            if getattr(entry[0], "allowed_permissions", None) and name != "delete_selected"
+        }
+
     def response_action(self, request, queryset):
         pk = self.model._meta.pk
         for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
@@ -86,11 +100,13 @@ def age(seconds: float) -> str:
 
 
 def short_id(value) -> str:
-    """A UUID (or any long id) as its first 8 characters, the full value on hover and on copy."""
+    """A UUID (or any long id) as ``…`` and its last 8 characters (UUIDv7s made in the same
+    millisecond share their first 12), the full value on hover and copied on click."""
     if value is None or value == "":
         return "—"
     text = str(value)
-    return format_html('<span class="ql-id" title="{}" data-copy="{}">{}</span>', text, text, text[:8])
+    shown = f"…{text[-8:]}" if len(text) > 9 else text
+    return format_html('<span class="ql-id" title="{}" data-copy="{}">{}</span>', text, text, shown)
 
 
 def plural(count: int, singular: str, many: str | None = None) -> str:

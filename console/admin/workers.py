@@ -169,12 +169,12 @@ class WorkerAdmin(ModelAdmin):
         "agent_version",
         "created",
     )
-    list_filter = (LiveStateFilter, "state")
+    list_filter = (LiveStateFilter,)
     search_fields = ("name",)
     fields = ("name", "description")
     readonly_fields = (
         "live",
-        "state",
+        "administrative_state",
         "current_session",
         "capabilities",
         "current_attempts",
@@ -279,6 +279,10 @@ class WorkerAdmin(ModelAdmin):
     def get_queryset_for(self, worker):
         return with_current_session(Worker.objects.filter(pk=worker.pk)).first()
 
+    @admin.display(description="administrative state")
+    def administrative_state(self, worker):
+        return worker.state
+
     @admin.display(description="live state")
     def live(self, worker):
         return state_badge(self._live(worker))
@@ -293,7 +297,7 @@ class WorkerAdmin(ModelAdmin):
         ttl = db_lease_ttl()
         renewed = (timezone.now() - (expires - ttl)).total_seconds()
         left = (expires - timezone.now()).total_seconds()
-        lapse = f"lapsed {age(-left)[3:]}" if left < 0 else f"lapses in {int(left)} s"
+        lapse = f"lapsed {age(-left)}" if left < 0 else f"lapses in {int(left)} s"
         return format_html(
             '<span title="lease expires {} UTC">{} s ago · {}</span>',
             f"{expires:%H:%M:%S}",
@@ -439,7 +443,7 @@ class WorkerAdmin(ModelAdmin):
 
     @admin.display(description="recent events")
     def recent_events(self, worker):
-        events = Event.objects.filter(worker_id=worker.pk).order_by("-created_at")[:20]
+        events = Event.objects.filter(worker_id=worker.pk).order_by("-created_at")[:10]
         more = reverse("admin:audit_event_changelist") + f"?worker_id={worker.pk}"
         return format_html(
             '{}<p><a href="{}">all events of {}</a></p>',

@@ -19,7 +19,7 @@ from workers.models import WorkerSession
 PASSWORD = "console-pass-1"
 #: Roles until the least-privilege groups land: Django's standard model permissions.
 VIEW_ONLY = ("view_",)
-OPERATE = ("view_", "add_run", "change_worker", "add_worker", "add_task", "change_task")
+OPERATE = ("view_", "add_run", "change_run", "change_worker", "add_worker", "add_task", "change_task")
 
 
 def make_user(role: str) -> User:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib import admin
+from django.contrib.auth.models import User
 from django.urls import reverse
 
 from actions.placement import refresh_placement_summaries
@@ -47,8 +48,6 @@ def test_every_page_answers_without_a_500_for_each_role(client, fleet, role):
 
 
 def _request(role):
-    from django.contrib.auth.models import User  # noqa: PLC0415 - a test helper
-
     class Request:
         user = User.objects.get(username=role)
 
