@@ -22,6 +22,11 @@ from workers.models import Worker, WorkerSession
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
+def figure_is(name: str, value: str) -> str:
+    """A page predicate: the dashboard figure ``name`` reads ``value`` (while the page polls)."""
+    return f"document.querySelector('[data-figure=\"{name}\"] .ql-value')?.textContent.trim() === '{value}'"
+
+
 def figure(page, name: str) -> str:
     return page.inner_text(f'[data-figure="{name}"] .ql-value').strip()
 
@@ -98,10 +103,7 @@ def test_the_dashboard_shows_a_worker_come_online_and_its_death(
     assert agent(state, "enroll", "--server", live_server.url, "--token", issued.token).wait(30) == 0
     process = agent(state, "run", "--poll-max", "1")
     try:
-        tab.page.wait_for_function(
-            "document.querySelector('[data-figure=\"workers-online\"] .ql-value')?.textContent.trim() === '1'",
-            timeout=20_000,
-        )
+        tab.page.wait_for_function(figure_is("workers-online", "1"), timeout=20_000)
         tab.shot("dashboard-worker-online")
         lists = tab.page.context.new_page()
         lists.goto(live_server.url + "/admin/workers/worker/")
@@ -109,10 +111,7 @@ def test_the_dashboard_shows_a_worker_come_online_and_its_death(
         process.send_signal(signal.SIGKILL)
         process.wait(10)
         # lease 6 s, then at most one refresh of each page (2 s dashboard, 3 s list)
-        tab.page.wait_for_function(
-            "document.querySelector('[data-figure=\"workers-expired\"] .ql-value')?.textContent.trim() === '1'",
-            timeout=12_000,
-        )
+        tab.page.wait_for_function(figure_is("workers-expired", "1"), timeout=12_000)
         assert figure(tab.page, "workers-online") == "0"
         tab.shot("dashboard-worker-expired")
         lists.wait_for_function(
