@@ -27,7 +27,8 @@ def values(figures):
     return {figure.label: figure.value for figure in figures}
 
 
-def test_figures_count_each_state_and_link_to_the_filtered_list(client):
+def test_figures_count_each_state_and_link_to_the_filtered_list(client, protocol_settings):
+    protocol_settings(SESSION_LEASE_SECONDS=900)  # "online" must stay online however slow the machine
     fleet_in_every_state()
     refresh_placement_summaries()
     board = dashboard.build(now=db_now())
