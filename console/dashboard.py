@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from importlib.metadata import PackageNotFoundError, version
 from urllib.parse import urlencode
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, Subquery, Sum
 from django.urls import reverse
 
 from audit.models import Event
@@ -129,11 +129,14 @@ def build(*, now: datetime) -> Dashboard:
     ):
         board.runs.append(Figure(label, by_state.get(state, 0), _url(runs_url, state__exact=state)))
 
-    head = list(
+    # The queue head by its own index first, then those runs by primary key (a join planned
+    # the other way round scans every run).
+    head_ids = (
         RunAttempt.objects.filter(state=AttemptState.CLAIMED)
         .order_by("-priority", "ready_at", "id")
-        .values_list("run__placement_summary", flat=True)[:REASON_WINDOW]
+        .values("run_id")[:REASON_WINDOW]
     )
+    head = list(Run.objects.filter(pk__in=Subquery(head_ids)).values_list("placement_summary", flat=True))
     board.waiting_seen = len(head)
     reasons: Counter[str] = Counter()
     for summary in head:

@@ -7,13 +7,14 @@ from datetime import timedelta
 
 from django.contrib.auth.models import Permission, User
 
+from actions.leases.expiry import sweep_expired_leases
 from actions.runs import run_cancel
 from actions.sessions.shutdown import session_operator_offline
 from actions.workers import worker_drain, worker_revoke
 from core.db import db_now
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
-from tests.leases.flows import claim_one, complete, start
+from tests.leases.flows import claim_one, complete, expire_lease, start
 from workers.models import WorkerSession
 
 PASSWORD = "console-pass-1"
@@ -72,9 +73,15 @@ def fleet_in_every_state() -> dict:
     complete(start(claim_one(online_session)), "failed", 3)
     retrying = enqueue(make_revision("flaky", command="exit 1", max_attempts=3, retry_on=("failed",)))
     complete(start(claim_one(online_session)), "failed", 1)
+    timed_out = enqueue(make_revision("slow-job", command="sleep 99"))
+    complete(start(claim_one(online_session)), "timed_out", None)
+    lost = enqueue(make_revision("lost-job", command="sleep 99"))
+    held = start(claim_one(online_session))
+    expire_lease(held.attempt_id)
+    sweep_expired_leases()
     running = enqueue(revision)
     start(claim_one(online_session))
-    made.update(done=done, failed=failed, retrying=retrying, running=running)
+    made.update(done=done, failed=failed, retrying=retrying, timed_out=timed_out, lost=lost, running=running)
     made["queued"] = enqueue(make_revision("arm-only", placement={"required": {"arch": ["arm64"]}}))
     cancelled = enqueue(revision)
     run_cancel(run_id=cancelled.pk, reason="not needed")

@@ -9,6 +9,7 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from actions.placement import refresh_placement_summaries
+from runs.models import Task
 from tests.console.fixtures import PASSWORD, fleet_in_every_state, make_user
 
 pytestmark = pytest.mark.django_db
@@ -38,6 +39,10 @@ def test_every_page_answers_without_a_500_for_each_role(client, fleet, role):
             pages.append(reverse(f"{prefix}_change", args=[obj.pk]))
     for state in ("online", "draining", "expired", "offline", "new", "revoked", "outdated"):
         pages.append(reverse("admin:workers_worker_changelist") + f"?live={state}")
+    task = Task.objects.first()
+    pages.append(reverse("admin:runs_run_changelist") + f"?task__id__exact={task.pk}")
+    pages.append(reverse("admin:audit_event_changelist") + "?kind__in=attempt.failed,attempt.lost")
+    pages.append(reverse("admin:audit_event_changelist") + "?created_at__gte=2026-01-01+00:00:00&q=operator")
     for reason in ("any", "none", "arch"):
         pages.append(reverse("admin:runs_run_changelist") + f"?waiting={reason}")
     for page in pages:
