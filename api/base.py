@@ -83,6 +83,13 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
+def validated(serializer_class: type[serializers.Serializer], request) -> dict:
+    """Validate ``request.data`` with ``serializer_class``; refuses with 400 naming the field."""
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
 class IsWorker(BasePermission):
     """Only a request authenticated as a worker (``WorkerPrincipal``) passes."""
 
@@ -155,6 +162,19 @@ class WorkerAPIView(APIView):
     @property
     def principal(self) -> WorkerPrincipal:
         return self.request.user
+
+    def session_fence(self, data: dict) -> dict:
+        """The session fence of a validated body as write-path keywords (the worker from the
+        principal, never from the body): worker_id, session_id, generation and — when the body
+        carries one — expected_version."""
+        fence = {
+            "worker_id": self.principal.worker_id,
+            "session_id": data["sessionId"],
+            "generation": data["generation"],
+        }
+        if "expectedVersion" in data:
+            fence["expected_version"] = data["expectedVersion"]
+        return fence
 
 
 class RefuseWorkerSignature(BaseAuthentication):
