@@ -113,7 +113,7 @@ def _claims(request, kwargs: dict, fields: tuple[tuple[str, str], ...]):
 
 
 def check_principal_binding(principal: WorkerPrincipal, request, kwargs: dict) -> None:
-    """Refuse a request naming another worker's id or session (ADR-0012 §1, PRODUCT invariant 1).
+    """Refuse a request naming another worker's id or session (ADR-0012 §1, docs/transport.md §3).
 
     ``request``: the DRF request (its body is parsed here); ``kwargs``: the URL's keyword
     arguments. A ``workerId``/``worker_id`` that is a UUID other than the principal's, or a

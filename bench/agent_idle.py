@@ -2,7 +2,7 @@
 
 Starts a throwaway control plane (``manage.py serve`` on a temporary SQLite file), enrolls a
 worker, runs ``qinglong-worker run`` with nothing to do, lets it settle, then samples the agent
-process with psutil for ``--seconds``. Budget (PRODUCT.md): idle RSS under 40 MiB and idle CPU
+process with psutil for ``--seconds``. Budget: idle RSS under 40 MiB and idle CPU
 under 0.5 % of one core. Last line, machine-readable:
 ``agent_idle_rss_mib=<n> agent_idle_cpu_percent=<n> agent_threads=<n>``.
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/claim.py --pg-url postgres://postgres@127.0.0.1:5432/qinglong_bench
 
-What it measures (PRODUCT "Budgets": a 100k backlog must cost a claim no more than a small one):
+What it measures (docs/protocol.md, Benchmarks: a 100k backlog must cost a claim no more than a small one):
 
 * a backlog of exactly N pending runs (N = 1,000 and 100,000), bulk-loaded with two
   ``INSERT … SELECT generate_series`` statements (runs, then their first attempts) — no

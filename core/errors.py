@@ -112,7 +112,7 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "cancel_not_requested": ErrorSpec(
         409, "A `cancelled` start failure or completion needs a cancellation request on the run."
     ),
-    # --- runs (SIBLINGS §1, §2) ---------------------------------------------------------------
+    # --- runs (docs/leases.md, States) ---------------------------------------------------------------
     "task_not_found": ErrorSpec(404, "No such task."),
     "revision_not_found": ErrorSpec(404, "No such task revision."),
     "run_not_found": ErrorSpec(404, "No such run."),

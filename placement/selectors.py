@@ -30,7 +30,7 @@ from workers.models import SessionState, WorkerSession, WorkerState
 
 from .matching import CAPACITY, SUMMARY_CATEGORIES, match
 
-#: Most candidates (or preview rows) on one page (ADR-0012 §4, PRODUCT invariant 9).
+#: Most candidates (or preview rows) on one page (ADR-0012 §4, docs/placement.md §5).
 PAGE_SIZE = 64
 #: Most live workers one placement decision looks at (16 pages of 64), by worker id.
 MAX_LIVE_WORKERS = 16 * PAGE_SIZE

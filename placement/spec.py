@@ -1,7 +1,7 @@
 """PlacementSpec: what a task revision requires of a worker and what it prefers (ADR-0012 §4).
 
 Validated and normalised once, when the immutable task revision is created
-(``runs.services.task_create``/``revision_create``); the normalised form is stored as RFC 8785
+(``actions.tasks.task_create``/``revision_create``); the normalised form is stored as RFC 8785
 JSON with its SHA-256 and never rewritten. Wire shape (every key optional on input — absent or
 ``null`` means "no constraint"; the normalised form has them all)::
 

@@ -155,7 +155,7 @@ def forget_credentials(credential_ids: list[str]) -> None:
         _bump_credential_epoch()
 
 
-#: A credential's key never changes: parse and vet it (libsodium's point check, ~80 µs) once per
+#: A credential's key never changes: parse and vet it (libsodium's point check) once per
 #: process, not on every request. Refused keys raise and are not cached.
 trusted_key = functools.lru_cache(maxsize=4096)(worker_public_key)
 

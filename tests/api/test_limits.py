@@ -1,4 +1,4 @@
-"""Message limits (ADR-0012 §1, SIBLINGS §7-§8): body size per endpoint before anything parses
+"""Message limits (ADR-0012 §1, docs/transport.md §6): body size per endpoint before anything parses
 or authenticates (413), strict JSON (depth, duplicate keys), rate limits per principal (429)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Four OS processes, each with its own database connection, race 50 claims each over one
 backlog of 200 runs (ADR-0012 §6 "a PostgreSQL contract suite covers multi-replica claim";
-PRODUCT invariant 4). Runs on PostgreSQL and on SQLite.
+docs/leases.md, Claim). Runs on PostgreSQL and on SQLite.
 
 Each process plays a control-plane replica serving six workers (maximum concurrency 3) that all
 four processes share, so claims for one worker contend for its row lock and its capacity from

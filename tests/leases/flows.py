@@ -1,6 +1,6 @@
 """Service-level lease flows for tests: claim, ACK, renew, complete, and moving lease time.
 
-Time is moved the house way (STYLE §10): by setting the database's notion of a lease's expiry
+Time is moved the house way: by setting the database's notion of a lease's expiry
 or a run's next-attempt time relative to the database clock, never by sleeping.
 """
 

@@ -1,4 +1,4 @@
-"""Activation ACKs, renew and release (ADR-0012 §3, SIBLINGS §3): claim ≠ starting ≠ running."""
+"""Activation ACKs, renew and release (ADR-0012 §3, docs/leases.md, Activation ACKs): claim ≠ starting ≠ running."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cancellation across a run's life (SIBLINGS §2): recorded durably; a pending attempt ends at
+"""Cancellation across a run's life (docs/leases.md, Cancellation): recorded durably; a pending attempt ends at
 once; a dispatched or running one learns it from its next ACK/renew/heartbeat and the worker
 ends it; a vanished worker's attempt is cancelled, never retried; no new attempt ever follows."""
 

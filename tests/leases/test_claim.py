@@ -1,5 +1,5 @@
 """Claims (worker pull): the queue order, capacity, replay and conflicts, takeover (ADR-0012 §3,
-SIBLINGS §5), through the service."""
+docs/placement.md §5), through the service."""
 
 from __future__ import annotations
 

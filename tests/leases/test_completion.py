@@ -1,4 +1,4 @@
-"""Completion (ADR-0012 §3, PRODUCT invariant 6): both fences in one transaction, lease, attempt,
+"""Completion (ADR-0012 §3, docs/leases.md, Completion): both fences in one transaction, lease, attempt,
 run and events committed together, an exact replay or a conflict — never a second result."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad input over HTTP: each answer is a 4xx naming the field, and nothing is stored (issue 4).
+"""Bad input over HTTP: each answer is a 4xx naming the field, and nothing is stored.
 
 Capability snapshots go through the signed worker register endpoint; placements through the
 operator API's task creation. "Nothing stored" means no session, task, revision or event row.

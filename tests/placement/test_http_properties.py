@@ -1,5 +1,5 @@
 """Property-based HTTP tests: generated invalid snapshots and placements always get a 4xx naming
-the field the pure function names, never a 5xx, and store nothing (issue 4 acceptance)."""
+the field the pure function names, never a 5xx, and store nothing."""
 
 from __future__ import annotations
 

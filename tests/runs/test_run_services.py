@@ -1,4 +1,4 @@
-"""Run write paths: enqueue, cancel, retry scheduling and requeue (SIBLINGS §1, §2)."""
+"""Run write paths: enqueue, cancel, retry scheduling and requeue (docs/leases.md, States)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Principal binding (ADR-0012 §1, PRODUCT invariant 1): identity comes only from the signature;
+"""Principal binding (ADR-0012 §1, docs/transport.md §3): identity comes only from the signature;
 a body or path worker id or session id of another worker is refused before any repository
 query."""
 

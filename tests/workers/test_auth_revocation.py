@@ -1,4 +1,4 @@
-"""Revocation (ADR-0012 §1, PRODUCT invariant 11): in one transaction the credentials die, the
+"""Revocation (ADR-0012 §1, docs/transport.md §5): in one transaction the credentials die, the
 session is fenced and the leases follow the lease rules; the next request is refused."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Session audit events (ADR-0012 §2, §5; PRODUCT invariant 10): each session fact writes exactly
+"""Session audit events (ADR-0012 §2, §5; docs/placement.md §6): each session fact writes exactly
 one low-cardinality event row, in the same transaction as the fact itself."""
 
 from __future__ import annotations

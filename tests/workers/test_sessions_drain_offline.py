@@ -1,4 +1,4 @@
-"""Drain and offline (ADR-0012 §5, PRODUCT invariant 12): capacity zero with the drain, offline
+"""Drain and offline (ADR-0012 §5, docs/sessions.md, Drain and offline): capacity zero with the drain, offline
 only once the session's run leases ended — unless an operator forces it from the admin or the
 command line, which settles those leases as lost."""
 

@@ -1,4 +1,4 @@
-"""Registration semantics (ADR-0012 §2, PRODUCT invariant 2): first, replay, conflict, replacement,
+"""Registration semantics (ADR-0012 §2, docs/sessions.md, fail-closed matrix): first, replay, conflict, replacement,
 lapsed predecessors, the takeover-storm limit, drain and revocation across restarts."""
 
 from __future__ import annotations
