@@ -48,6 +48,7 @@ from tenacity import (
 )
 
 from protocol import wire
+from protocol.errors import WorkerAction, codes_with
 from protocol.ids import uuid7
 from protocol.signing import public_key_text
 
@@ -88,17 +89,14 @@ def renew_period(renew_interval: float) -> float:
     its job killed (SIGTERM, grace, SIGKILL), within one renew interval of the request."""
     return renew_interval - 2 * cancel_grace(renew_interval)
 
-FENCED = {
-    "session_superseded", "session_expired", "session_offline", "session_unknown",
-    "session_generation_mismatch", "lease_session_mismatch",
-}
-REFUSED = {
-    "credential_revoked", "credential_expired", "credential_unknown", "worker_revoked", "signature_invalid",
-    "signature_path_mismatch", "principal_mismatch",
-}
+#: Answers that fence this session, refuse the credential, or take an attempt's lease away: the
+#: code sets come from the catalogue's worker actions (``protocol.errors``, ``docs/errors.md``).
+FENCED = codes_with(WorkerAction.RESTART)
+REFUSED = codes_with(WorkerAction.STOP)
 #: Lease answers after which the attempt is no longer ours: kill the process, report nothing.
-LEASE_LOST = {"lease_expired", "lease_released", "lease_completed", "lease_token_mismatch", "lease_unknown",
-              "lease_generation_mismatch"}
+LEASE_LOST = codes_with(WorkerAction.ABANDON_ATTEMPT)
+#: Codes retried like a missing answer (besides any 429/503 status).
+RETRIED = codes_with(WorkerAction.RETRY)
 
 
 class Stop(Exception):
@@ -120,7 +118,7 @@ def _transient(exc: BaseException) -> bool:
     request falls inside the window; a clock that cannot be aligned keeps being retried and
     logged, never mistaken for a refused credential."""
     return isinstance(exc, TransportError) or (
-        isinstance(exc, ApiError) and (exc.status in (429, 503) or exc.code == "signature_stale")
+        isinstance(exc, ApiError) and (exc.status in (429, 503) or exc.code in RETRIED)
     )
 
 
