@@ -11,6 +11,24 @@ import pytest
 from agent.client import Client, TransportError
 
 
+def read_request(conn: socket.socket) -> None:
+    """Read one whole request (headers, then Content-Length bytes of body): closing a socket with
+    unread bytes sends a reset, which the client would see instead of the answer."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+        0,
+    )
+    while len(body) < length and (chunk := conn.recv(65536)):
+        body += chunk
+
+
 def serve_once(answer: bytes) -> tuple[str, threading.Thread]:
     """A one-shot HTTP server on 127.0.0.1 that reads a request, writes ``answer`` and hangs up."""
     listener = socket.socket()
@@ -20,7 +38,7 @@ def serve_once(answer: bytes) -> tuple[str, threading.Thread]:
     def run() -> None:
         conn, _ = listener.accept()
         with conn, listener:
-            conn.recv(65536)
+            read_request(conn)
             conn.sendall(answer)
 
     thread = threading.Thread(target=run, daemon=True)
