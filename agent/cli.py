@@ -16,17 +16,24 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pwd
 import sys
 from pathlib import Path
+from typing import cast
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from protocol import messages as m
 from protocol import wire
 from protocol.errors import ProtocolError
 from protocol.signing import public_key_text
 
 from . import __version__
-from .client import DEFAULT_TIMEOUT, MAX_TIMEOUT
+from .calls import Stop
+from .capabilities import detect_valid
+from .client import DEFAULT_TIMEOUT, MAX_TIMEOUT, ApiError, Client, TransportError
+from .rotation import rotate_key
+from .runtime import Agent, Settings
 from .state import Credential, StateDir, StateError, default_state_dir
 
 
@@ -70,14 +77,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _enroll(args: argparse.Namespace, state: StateDir) -> int:
-    from .client import ApiError, Client, TransportError
-
     key = Ed25519PrivateKey.generate()
-    body = {"token": args.token, "publicKey": public_key_text(key.public_key()), "agentVersion": __version__}
+    body: m.Enroll = {"token": args.token, "publicKey": public_key_text(key.public_key()), "agentVersion": __version__}
     if args.worker:
         body["workerName"] = args.worker
     try:
-        answer = Client(args.server).post(wire.ENROLL, body, signed=False)
+        answer = cast(m.EnrollAnswer, Client(args.server).post(wire.ENROLL, body, signed=False))
     except (ApiError, TransportError, ValueError) as exc:
         print(f"enrollment failed: {exc}", file=sys.stderr)
         return 1
@@ -87,10 +92,6 @@ def _enroll(args: argparse.Namespace, state: StateDir) -> int:
 
 
 def _run(args: argparse.Namespace, state: StateDir) -> int:
-    from .capabilities import detect_valid
-    from .client import Client
-    from .runtime import Agent, Settings
-
     if not 1 <= args.max_concurrent <= 256:
         print("--max-concurrent must be 1-256", file=sys.stderr)
         return 2
@@ -124,8 +125,6 @@ def _run(args: argparse.Namespace, state: StateDir) -> int:
 
 def _prepare_job_user(user: str, work_dir: Path, state_dir: Path) -> str | None:
     """Check that jobs can run as ``user`` and give it the work directory; the problem, or None."""
-    import pwd
-
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
@@ -140,9 +139,6 @@ def _prepare_job_user(user: str, work_dir: Path, state_dir: Path) -> str | None:
 
 
 def _rotate(args: argparse.Namespace, state: StateDir) -> int:
-    from .client import ApiError, Client, TransportError
-    from .runtime import Agent, Settings, Stop
-
     try:
         credential, key = state.load()
     except StateError as exc:
@@ -151,7 +147,7 @@ def _rotate(args: argparse.Namespace, state: StateDir) -> int:
     agent = Agent(Client(args.server or credential.server, key_id=credential.credentialId, key=key), credential,
                   state, Settings())
     try:
-        new_id = agent.rotate_key()
+        new_id = rotate_key(agent)
     except Stop as stop:
         print(stop.reason, file=sys.stderr)
         return stop.exit_code

@@ -16,7 +16,8 @@ import http.client
 import json
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -24,10 +25,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from protocol.signing import sign_request
 from protocol.strictjson import dumps
 
-#: Seconds before one request gives up (SIBLINGS §8: 15 s default, 60 s hard limit).
+#: Seconds before one request gives up by default, and the most ``--timeout`` may set.
 DEFAULT_TIMEOUT = 15.0
 MAX_TIMEOUT = 60.0
-#: Largest response body the agent reads (SIBLINGS §5: offers ≤128 KiB).
+#: Largest response body the agent reads (a claim answer's offers are at most 128 KiB).
 MAX_RESPONSE_BYTES = 256 * 1024
 
 
@@ -102,7 +103,7 @@ class Client:
             conn.close()
             self._local.conn = None
 
-    def post(self, path: str, body: dict[str, Any], *, signed: bool = True) -> dict[str, Any]:
+    def post(self, path: str, body: Mapping[str, object], *, signed: bool = True) -> dict[str, Any]:
         """POST ``body`` as JSON to ``path``; return the decoded JSON answer.
 
         Raises ApiError for an error answer, TransportError when there is no usable answer.
@@ -153,4 +154,4 @@ class Client:
                 decoded.get("details"),
                 float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None,
             )
-        return decoded
+        return cast(dict[str, Any], decoded)  # every worker endpoint answers a JSON object

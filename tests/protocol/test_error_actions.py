@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent import runtime
+from agent import calls
 from protocol.errors import ACTION_MEANINGS, CATALOGUE, WorkerAction, codes_with
 
-AGENT = Path(runtime.__file__).resolve().parent
+AGENT = Path(calls.__file__).resolve().parent
 
 #: The sets the agent carried by hand before it derived them from the catalogue.
 HAND_COPIED = {
@@ -63,9 +63,10 @@ def test_the_derived_code_sets_equal_the_ones_the_agent_carried_by_hand(action):
 
 
 def test_the_agent_uses_the_derived_sets():
-    assert runtime.FENCED == codes_with(WorkerAction.RESTART)
-    assert runtime.REFUSED == codes_with(WorkerAction.STOP)
-    assert runtime.LEASE_LOST == codes_with(WorkerAction.ABANDON_ATTEMPT)
+    assert calls.FENCED_CODES == codes_with(WorkerAction.RESTART)
+    assert calls.REFUSED_CODES == codes_with(WorkerAction.STOP)
+    assert calls.LEASE_LOST_CODES == codes_with(WorkerAction.ABANDON_ATTEMPT)
+    assert calls.RETRIED_CODES == codes_with(WorkerAction.RETRY)
 
 
 def test_retry_means_what_the_agent_retries():

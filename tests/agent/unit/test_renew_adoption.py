@@ -3,7 +3,7 @@
 import pytest
 
 from agent.client import ApiError
-from agent.runtime import AttemptRunner
+from agent.attempts import AttemptRunner
 
 
 class StubAgent:
