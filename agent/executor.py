@@ -136,6 +136,7 @@ class Execution:
             os.close(watch_read)
         self.started_monotonic = time.monotonic()
         self.started_wall = time.time()
+        assert self.process.stdout is not None and self.process.stderr is not None  # both are pipes
         self._stdout = _Tail(self.process.stdout)
         self._stderr = _Tail(self.process.stderr)
 

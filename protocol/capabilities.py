@@ -55,7 +55,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import nodesemver
 import rfc8785
@@ -295,7 +295,7 @@ class CanonicalDocument:
     sha256: str
 
     @classmethod
-    def of(cls, document: dict[str, Any]):
+    def of(cls, document: dict[str, Any]) -> Self:
         """Canonicalise a normalised ``document`` (see :func:`canonical_bytes`)."""
         canonical = canonical_bytes(document)
         return cls(document, canonical, hashlib.sha256(canonical).hexdigest())

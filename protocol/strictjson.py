@@ -71,7 +71,7 @@ class _Bad:
         self.message = message
 
 
-class _Duplicate(dict):
+class _Duplicate(dict[str, Any]):
     """An object that repeated a key; the key is reported with its own path."""
 
     def __init__(self, pairs: list[tuple[str, Any]], key: str) -> None:
@@ -131,7 +131,8 @@ def _path(frames: list[_Frame]) -> str | None:
 
 def _decode_key(raw: str) -> str:
     try:
-        return json.loads(f'"{raw}"')
+        decoded: str = json.loads(f'"{raw}"')  # a JSON string literal decodes to a str
+        return decoded
     except ValueError:
         return raw
 
