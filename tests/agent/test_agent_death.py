@@ -1,6 +1,6 @@
 """A job never outlives its agent: SIGKILL the agent mid-run and the job's whole process group
 dies within the guard's poll and grace (agent/guard.py), so the control plane's retry of the lost
-attempt can never run beside it (PRODUCT invariant 4)."""
+attempt can never run beside it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from leases.models import RunDispatchLease
+from qinglong.db import db_now
 from runs.models import Run, RunAttempt
 from tests.agent.processes import wait_for
 from tests.agent.test_cancel_running import agent, group_members
@@ -47,9 +49,6 @@ def test_killing_the_agent_ends_its_jobs_process_group(live_server, tmp_path, co
 def test_a_paused_agents_job_ends_before_its_lease_can_lapse(live_server, tmp_path, protocol_settings):
     """SIGSTOP the agent: it cannot renew, so its job's guard ends the job before the lease the
     control plane granted can lapse — the retry can never overlap it."""
-    from leases.models import RunDispatchLease
-    from qinglong.db import db_now
-
     protocol_settings(RUN_LEASE_SECONDS=8, SESSION_LEASE_SECONDS=120, HEARTBEAT_INTERVAL_SECONDS=30)
     worker = worker_services.worker_create(name="paused-worker")
     issued = worker_services.enrollment_token_create(worker_id=worker.pk)

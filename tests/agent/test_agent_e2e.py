@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.state import StateDir
 from protocol import wire
-from tests.agent.processes import wait_for
 from runs.models import Run
-from tests.helpers import SignedClient, enqueue, make_revision
+from tests.agent.processes import wait_for
+from tests.helpers import Enrolled, SignedClient, enqueue, make_revision
 from workers import services as worker_services
 from workers.models import WorkerSession
 
@@ -72,9 +73,6 @@ def test_agent_runs_real_jobs_restarts_as_generation_2_and_drains(enrolled_agent
         assert second.state == "online"
         first.refresh_from_db()
         assert first.state == "fenced"
-
-        from agent.state import StateDir
-        from tests.helpers import Enrolled
 
         credential, key = StateDir(state).load()
         api = SignedClient(client, Enrolled(worker.pk, worker.name, credential.credentialId, key))

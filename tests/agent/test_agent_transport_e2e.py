@@ -1,4 +1,4 @@
-"""The real agent against a real ``manage.py serve`` on the test database (issue 6 acceptance):
+"""The real agent against a real ``manage.py serve`` on the test database:
 
 * a control-plane restart — a cut shorter than the session lease — is survived with backoff and
   jitter and *without* a new session;

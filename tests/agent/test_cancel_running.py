@@ -1,4 +1,4 @@
-"""Cancel during ``running`` with the real agent process (SIBLINGS §2, ADR-0012 "the coordination
+"""Cancel during ``running`` with the real agent process (ADR-0012 "the coordination
 protocol between cancellation, shutdown and the Run Lease"): the cancel is recorded, the worker
 learns it from its next renew answer, kills the job's whole process group within one renew
 interval — even a job that ignores SIGTERM — and completes the attempt ``cancelled``."""

@@ -1,4 +1,4 @@
-"""The capability snapshot schema and canonical form (ADR-0012 §4, PRODUCT invariant 8)."""
+"""The capability snapshot schema and canonical form (ADR-0012 §4)."""
 
 from __future__ import annotations
 

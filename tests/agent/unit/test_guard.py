@@ -6,6 +6,7 @@ Real processes, no mocks."""
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -147,8 +148,6 @@ def test_the_agents_death_is_seen_even_when_the_job_holds_the_guards_pipe(tmp_pa
 
 
 def _job_user() -> str | None:
-    import pwd
-
     try:
         pwd.getpwnam("nobody")
     except KeyError:
@@ -160,8 +159,6 @@ def _job_user() -> str | None:
 def test_a_job_run_as_another_user_cannot_stop_or_kill_its_guard(request):
     """With ``--job-user`` the job runs as another user: its attempts to stop and to kill its
     guard fail (EPERM), and the guard still ends it and its escapee when told to."""
-    import pwd
-
     work = Path(tempfile.mkdtemp(prefix="qinglong-job-user-"))  # pytest's tmp_path is private to root
     request.addfinalizer(lambda: shutil.rmtree(work, ignore_errors=True))
     nobody = pwd.getpwnam("nobody")

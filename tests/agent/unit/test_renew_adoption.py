@@ -2,8 +2,8 @@
 
 import pytest
 
-from agent.client import ApiError
 from agent.attempts import AttemptRunner
+from agent.client import ApiError
 
 
 class StubAgent:
