@@ -194,7 +194,8 @@ class Agent:
                 Stop(
                     wire.EXIT_SHUTDOWN_FAILED,
                     f"drain timed out after {self.settings.drain_timeout}s with {self.running_count()} "
-                    "attempt(s) still running; they were killed and the control plane will settle them as lost",
+                    "attempt(s) still running; they were killed and the control plane will settle them "
+                    "as lost",
                 )
             )
         self.heartbeat.stop()

@@ -122,7 +122,8 @@ import sys, time
 from pathlib import Path
 from agent.executor import Execution
 from agent.guard import job_processes
-execution = Execution(executor="shell", command=sys.argv[1], env={}, timeout_seconds=600, work_dir=Path(sys.argv[2]))
+execution = Execution(executor="shell", command=sys.argv[1], env={}, timeout_seconds=600,
+                      work_dir=Path(sys.argv[2]))
 print(execution.pid, execution.cookie, flush=True)
 time.sleep(600)
 """
