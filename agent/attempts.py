@@ -208,9 +208,13 @@ class AttemptRunner(threading.Thread):
             if now >= next_renew:
                 sent = time.monotonic()
                 try:
-                    renewed = self._renew(patience=max(0.0, lease_deadline - sent - guard_margin(lease_window)))
+                    renewed = self._renew(
+                        patience=max(0.0, lease_deadline - sent - guard_margin(lease_window))
+                    )
                 except (ApiError, TransportError) as exc:
-                    log.error("attempt %s: lease lost (%s); killing the process, not reporting", attempt_id, exc)
+                    log.error(
+                        "attempt %s: lease lost (%s); killing the process, not reporting", attempt_id, exc
+                    )
                     execution.stop("cancelled")
                     return
                 self.lease = renewed["lease"]

@@ -33,8 +33,15 @@ MAX_RESPONSE_BYTES = 256 * 1024
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, field: str | None = None,
-                 details: dict[str, Any] | None = None, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        details: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         self.status = status
         self.code = code
         self.message = message
@@ -49,8 +56,14 @@ class TransportError(Exception):
 
 
 class Client:
-    def __init__(self, server: str, *, key_id: str | None = None, key: Ed25519PrivateKey | None = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        server: str,
+        *,
+        key_id: str | None = None,
+        key: Ed25519PrivateKey | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
         parts = urlsplit(server)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"server must be an http(s) URL, not {server!r}")
@@ -67,8 +80,12 @@ class Client:
 
     def with_key(self, key_id: str, key: Ed25519PrivateKey) -> Client:
         """A client for the same server signing with another key (used by key rotation)."""
-        rotated = Client(f"{self.scheme}://{self.host}{':' + str(self.port) if self.port else ''}{self.base_path}",
-                         key_id=key_id, key=key, timeout=self.timeout)
+        rotated = Client(
+            f"{self.scheme}://{self.host}{':' + str(self.port) if self.port else ''}{self.base_path}",
+            key_id=key_id,
+            key=key,
+            timeout=self.timeout,
+        )
         rotated.clock_offset = self.clock_offset
         return rotated
 
@@ -115,8 +132,16 @@ class Client:
             if self.key is None or self.key_id is None:
                 raise RuntimeError("a signed request needs a key")
             created = datetime.datetime.fromtimestamp(time.time() + self.clock_offset, datetime.UTC)
-            headers.update(sign_request(method="POST", path=target, body=payload, key_id=self.key_id,
-                                        private_key=self.key, created=created))
+            headers.update(
+                sign_request(
+                    method="POST",
+                    path=target,
+                    body=payload,
+                    key_id=self.key_id,
+                    private_key=self.key,
+                    created=created,
+                )
+            )
         conn = self._connection()
         try:
             conn.request("POST", target, body=payload, headers=headers)

@@ -115,7 +115,7 @@ def _proc_entries() -> list[tuple[int, int, bytes]] | None:
             with open(f"/proc/{name}/stat", "rb") as handle:
                 stat = handle.read()
             # "pid (comm) state ppid …": comm may hold spaces and parentheses; split after the last ")"
-            state, ppid = stat[stat.rindex(b")") + 1:].split()[:2]
+            state, ppid = stat[stat.rindex(b")") + 1 :].split()[:2]
         except (OSError, ValueError):
             continue
         entries.append((int(name), int(ppid), state))
@@ -158,8 +158,13 @@ def job_processes(root: int | None, cookie: str | None) -> list[int] | None:
     return sorted(found)
 
 
-def end_processes(root: int | None, cookie: str | None, *, timeout: float = KILL_WAIT_SECONDS,
-                  reap: Callable[[], object] | None = None) -> bool:
+def end_processes(
+    root: int | None,
+    cookie: str | None,
+    *,
+    timeout: float = KILL_WAIT_SECONDS,
+    reap: Callable[[], object] | None = None,
+) -> bool:
     """SIGKILL every process of a job (:func:`job_processes`) until none is left.
 
     Freeze, then kill: each round sends SIGSTOP to every process found and scans again until a

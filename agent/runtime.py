@@ -181,7 +181,9 @@ class Agent:
         if answer is not None:
             self.session.apply(answer)
         log.info(
-            "draining: waiting up to %ss for %s running attempt(s)", self.settings.drain_timeout, self.running_count()
+            "draining: waiting up to %ss for %s running attempt(s)",
+            self.settings.drain_timeout,
+            self.running_count(),
         )
         deadline = time.monotonic() + self.settings.drain_timeout
         while self.running_count() and time.monotonic() < deadline and self._fatal is None:
@@ -200,7 +202,9 @@ class Agent:
             )
         self.heartbeat.stop()
         try:
-            session_call(self, wire.SESSION_OFFLINE, patience=SHUTDOWN_PATIENCE, done_if=frozenset({"session_offline"}))
+            session_call(
+                self, wire.SESSION_OFFLINE, patience=SHUTDOWN_PATIENCE, done_if=frozenset({"session_offline"})
+            )
         except Stop as stop:
             return self._die(stop)
         except (ApiError, TransportError) as exc:

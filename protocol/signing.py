@@ -102,8 +102,9 @@ def load_public_key(text: str) -> Ed25519PublicKey:
     ``publicKey``.
     """
     if not isinstance(text, str) or not _PUBLIC_KEY_TEXT.match(text):
-        raise ProtocolError("validation_failed", "must be a raw Ed25519 public key, 43 characters of base64url",
-                            "publicKey")
+        raise ProtocolError(
+            "validation_failed", "must be a raw Ed25519 public key, 43 characters of base64url", "publicKey"
+        )
     try:
         raw = base64.urlsafe_b64decode(text.rstrip("=") + "=")
         key = Ed25519PublicKey.from_public_bytes(raw)
@@ -216,7 +217,9 @@ def verify_request(
     signed = parse_signature_input(headers)
     ahead = window_seconds if future_skew_seconds is None else future_skew_seconds
     if not now - window_seconds <= signed.created <= now + ahead:
-        raise ProtocolError("signature_stale", f"signature created {int(signed.created - now)} s from server time")
+        raise ProtocolError(
+            "signature_stale", f"signature created {int(signed.created - now)} s from server time"
+        )
     public_key = resolve_key(signed.key_id)
     digest = headers.get("Content-Digest")
     if not digest:
@@ -236,7 +239,9 @@ def verify_request(
         )
     except InvalidSignature:
         if _signed_for_other_target(verifier, method, path, headers, body):
-            raise ProtocolError("signature_path_mismatch", "the request was signed for another target") from None
+            raise ProtocolError(
+                "signature_path_mismatch", "the request was signed for another target"
+            ) from None
         raise ProtocolError("signature_invalid", "the signature does not verify") from None
     return signed
 

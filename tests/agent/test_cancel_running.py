@@ -37,8 +37,6 @@ def agent(state: Path, *args: str, **popen) -> subprocess.Popen:
     )
 
 
-
-
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes of a process group."""
     members = []

@@ -16,15 +16,28 @@ AGENT = Path(calls.__file__).resolve().parent
 #: The sets the agent carried by hand before it derived them from the catalogue.
 HAND_COPIED = {
     WorkerAction.RESTART: {
-        "session_superseded", "session_expired", "session_offline", "session_unknown",
-        "session_generation_mismatch", "lease_session_mismatch",
+        "session_superseded",
+        "session_expired",
+        "session_offline",
+        "session_unknown",
+        "session_generation_mismatch",
+        "lease_session_mismatch",
     },
     WorkerAction.STOP: {
-        "credential_revoked", "credential_expired", "credential_unknown", "worker_revoked", "signature_invalid",
-        "signature_path_mismatch", "principal_mismatch",
+        "credential_revoked",
+        "credential_expired",
+        "credential_unknown",
+        "worker_revoked",
+        "signature_invalid",
+        "signature_path_mismatch",
+        "principal_mismatch",
     },
     WorkerAction.ABANDON_ATTEMPT: {
-        "lease_expired", "lease_released", "lease_completed", "lease_token_mismatch", "lease_unknown",
+        "lease_expired",
+        "lease_released",
+        "lease_completed",
+        "lease_token_mismatch",
+        "lease_unknown",
         "lease_generation_mismatch",
     },
 }
@@ -49,7 +62,11 @@ def _codes_named_in_agent() -> set[str]:
 
     for path in AGENT.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "code":
+            if (
+                isinstance(node, ast.Compare)
+                and isinstance(node.left, ast.Attribute)
+                and node.left.attr == "code"
+            ):
                 for comparator in node.comparators:
                     found |= strings(comparator)
             if isinstance(node, ast.keyword) and node.arg == "done_if":

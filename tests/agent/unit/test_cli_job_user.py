@@ -29,4 +29,6 @@ def test_the_work_dir_is_handed_to_the_job_user(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="only a non-root agent is refused")
 def test_a_non_root_agent_is_refused(tmp_path):
-    assert "needs the agent to run as root" in _prepare_job_user("nobody", tmp_path / "work", tmp_path / "state")
+    assert "needs the agent to run as root" in _prepare_job_user(
+        "nobody", tmp_path / "work", tmp_path / "state"
+    )

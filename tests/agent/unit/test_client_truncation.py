@@ -22,7 +22,11 @@ def read_request(conn: socket.socket) -> None:
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     length = next(
-        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
         0,
     )
     while len(body) < length and (chunk := conn.recv(65536)):
@@ -64,7 +68,13 @@ def test_a_cut_short_answer_is_a_transport_error_not_an_answer(answer):
 
 def test_a_whole_answer_is_decoded():
     body = b'{"offers": []}'
-    url, thread = serve_once(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\n\r\n" + body)
-    assert Client(url, timeout=5).post("/api/v1/worker/enroll", {"token": "x"}, signed=False) == {"offers": []}
+    url, thread = serve_once(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+    assert Client(url, timeout=5).post("/api/v1/worker/enroll", {"token": "x"}, signed=False) == {
+        "offers": []
+    }
     thread.join(5)
