@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from api import parsers
 from protocol import strictjson, wire
+from protocol.signing import sign_request
 from tests.helpers import SignedClient, enrolled_worker, register
 
 pytestmark = pytest.mark.django_db
@@ -131,7 +132,6 @@ def test_worker_endpoints_take_only_post(api):
     signed, _ = api
     unsigned = signed.client.get(wire.SESSION_HEARTBEAT)
     assert (unsigned.status_code, unsigned.json()["code"]) == (401, "signature_missing")
-    from protocol.signing import sign_request
 
     headers = sign_request(
         method="GET",

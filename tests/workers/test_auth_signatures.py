@@ -8,6 +8,8 @@ import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from api import auth
 from audit.models import Event
@@ -187,9 +189,6 @@ def test_a_warm_request_authenticates_without_a_query(client, worker_session):
     assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
     # A heartbeat that changes nothing is a pure read of the session: only the service's reads
     # remain once the credential and session owner are cached.
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     with CaptureQueriesContext(connection) as queries:
         assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
     assert not any("worker_credential" in q["sql"] for q in queries), [q["sql"] for q in queries]

@@ -28,6 +28,7 @@ from actions.sessions.shutdown import session_drain, session_offline, session_op
 from actions.workers import worker_drain, worker_revoke
 from audit.models import Event
 from core.db import db_now
+from core.errors import CATALOGUE, DomainError
 from leases.models import RunDispatchLease
 from protocol import wire
 from protocol.ids import uuid7
@@ -41,7 +42,8 @@ from tests.helpers import (
     make_revision,
     register,
 )
-from workers.models import Worker, WorkerCredential, WorkerSession
+from workers.fence import Purpose, check_session
+from workers.models import SessionState, Worker, WorkerCredential, WorkerSession, WorkerState
 from workers.principals import principal_for
 
 pytestmark = pytest.mark.django_db
@@ -339,7 +341,6 @@ def test_fence_refuses_a_revoked_worker_whose_credential_slipped_through():
     world = build_world("heartbeat")
     worker_revoke(worker_id=world.worker.worker_id, actor="ops")
     before = snapshot_rows()
-    from core.errors import DomainError
 
     for call in (
         lambda: session_heartbeat(**world.service_fence(), expected_version=world.version, available_slots=2),
@@ -385,8 +386,6 @@ def test_docs_table_is_the_matrix():
 
 
 def test_every_refusal_code_is_catalogued_with_its_status():
-    from core.errors import CATALOGUE
-
     for row in MATRIX.values():
         for expect in row.values():
             if not expect.allowed:
@@ -415,10 +414,6 @@ STATE_FAULTS = {"superseded", "offline", "draining"}  # each sets the session st
     [(a, b) for i, a in enumerate(ORDER) for b in ORDER[i + 1 :] if not {a, b} <= STATE_FAULTS],
 )
 def test_fence_checks_in_documented_order(first, second):
-    from core.errors import DomainError
-    from workers.fence import Purpose, check_session
-    from workers.models import SessionState, WorkerState
-
     now = db_now()
     worker = Worker(name="order", state=WorkerState.ACTIVE)
     session = WorkerSession(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.utils.dateparse import parse_datetime
 
 from actions.leases.activation import lease_starting
 from actions.leases.claims import OfferRequest, lease_claim
@@ -77,7 +78,6 @@ def test_first_registration_over_http_is_generation_1_version_0_with_server_time
     # the lease is the database clock at registration plus the configured TTL
     assert stored.lease_expires_at - stored.registered_at == timedelta(seconds=40)
     assert out["heartbeatIntervalSeconds"] == 12
-    from django.utils.dateparse import parse_datetime
 
     delay = (parse_datetime(out["nextHeartbeatAt"]) - parse_datetime(out["serverTime"])).total_seconds()
     assert 12 * 0.75 <= delay <= 12 * 1.25
