@@ -14,7 +14,7 @@ from api import auth
 from core.errors import DomainError
 from protocol import strictjson, wire
 from tests.helpers import SignedClient
-from tests.workers.test_auth_signatures import heartbeat, refused, send, signed_headers, worker_session  # noqa: F401
+from tests.workers.test_auth_signatures import heartbeat, refused, send, signed_headers
 from workers.nonces import ProcessNonceStore
 
 pytestmark = pytest.mark.django_db

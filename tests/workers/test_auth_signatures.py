@@ -15,7 +15,7 @@ from api import auth
 from audit.models import Event
 from protocol import strictjson, wire
 from protocol.signing import sign_request
-from tests.helpers import SignedClient, enrolled_worker, register
+from tests.helpers import SignedClient, enrolled_worker
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -23,12 +23,6 @@ pytestmark = pytest.mark.django_db
 
 def rows():
     return list(WorkerSession.objects.order_by("pk").values()), Event.objects.count()
-
-
-@pytest.fixture
-def worker_session():
-    worker = enrolled_worker()
-    return worker, register(worker)
 
 
 def heartbeat(session, **changes):
