@@ -1,4 +1,6 @@
-"""Key rotation: a worker installs a new key, or an operator forces it to (ADR-0012 §1, §2; ``docs/transport.md``).
+"""Key rotation: a worker installs a new key, or an operator forces it to.
+
+ADR-0012 §1, §2; ``docs/transport.md``.
 
 A rotation, signed by the current key, installs a new key and leaves the old one valid only for
 ``ROTATION_GRACE_SECONDS``. Every change evicts the credential cache once it commits.

@@ -9,8 +9,9 @@ when the store reports a transient race:
   Within the one standalone process, write paths also queue on an in-process lock before
   ``BEGIN IMMEDIATE``: SQLite's busy handler polls with sleeps of up to 100 ms, so fifty
   threads contending for the write lock mostly sleep (2.5 s per burst of fifty registrations,
-  measured); a queue hands the lock on at once (0.27 s, the transactions' own work). Other processes (``manage.py sweep``, a second server by mistake) still
-  meet SQLite's own lock, busy timeout and this retry.
+  measured); a queue hands the lock on at once (0.27 s, the transactions' own work). Other
+  processes (``manage.py sweep``, a second server by mistake) still meet SQLite's own lock, busy
+  timeout and this retry.
 * PostgreSQL (cluster-control): deadlock and serialization failures. A lock wait longer than the
   connection's ``lock_timeout`` is not retried: it surfaces as ``lock_timeout`` (503).
 

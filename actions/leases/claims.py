@@ -312,7 +312,8 @@ def lease_claim(
             return answered
         raise DomainError(
             "capacity_exhausted",
-            f"the session holds {active} active lease(s) of {min(session.max_concurrent_runs, session.available_slots)}",
+            f"the session holds {active} active lease(s) "
+            f"of {min(session.max_concurrent_runs, session.available_slots)}",
             details={"activeLeases": active},
         )
 

@@ -1,4 +1,7 @@
-"""Completion: an attempt's result under both fences, in one transaction (ADR-0012 §3; ``docs/leases.md`` Completion)."""
+"""Completion: an attempt's result under both fences, in one transaction.
+
+ADR-0012 §3; ``docs/leases.md`` Completion.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Drain and offline: a session stops taking work, then ends (ADR-0012 §5; ``docs/sessions.md`` Drain and offline)."""
+"""Drain and offline: a session stops taking work, then ends.
+
+ADR-0012 §5; ``docs/sessions.md`` Drain and offline.
+"""
 
 from __future__ import annotations
 

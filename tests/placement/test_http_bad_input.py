@@ -84,7 +84,8 @@ def caps_text(**replace: str) -> str:
             "json_invalid_string",
             "capabilities.features[0]",
         ),
-        # 1,000 levels: refused at the container that crosses the endpoint's depth (5: the shape needs no more).
+        # 1,000 levels: refused at the container that crosses the endpoint's depth
+        # (5: the shape needs no more).
         (
             raw_register(caps_text(labels='{"zone": ' + "[" * 1000 + "]" * 1000 + "}")),
             400,
