@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from api import parsers
 from protocol import strictjson, wire
 from protocol.signing import sign_request
-from tests.helpers import SignedClient, enrolled_worker, register
+from tests.helpers import SignedClient, enrolled_worker, heartbeat, register
 
 pytestmark = pytest.mark.django_db
 
@@ -21,10 +21,6 @@ pytestmark = pytest.mark.django_db
 def api(client):
     worker = enrolled_worker()
     return SignedClient(client, worker), register(worker)
-
-
-def heartbeat(session, **changes):
-    return {**session.fence(), "expectedVersion": session.version, "availableSlots": 2, **changes}
 
 
 def test_an_oversized_body_is_refused_before_authentication_and_parsing(client, monkeypatch):

@@ -28,8 +28,7 @@ from core.db import UniqueRace, db_now, write_path
 from core.errors import DomainError
 from protocol import wire
 from protocol.ids import uuid7
-from tests.helpers import SignedClient, enrolled_worker, register, snapshot
-from tests.workers.test_sessions_matrix import snapshot_rows
+from tests.helpers import SignedClient, enrolled_worker, register, snapshot, snapshot_rows
 from workers.models import Worker, WorkerSession
 
 pytestmark = pytest.mark.django_db

@@ -17,15 +17,11 @@ from api.base import check_principal_binding
 from core.errors import DomainError
 from protocol import wire
 from protocol.ids import uuid7
-from tests.helpers import BASE_SNAPSHOT, OfferTicket, SignedClient, enrolled_worker, register
+from tests.helpers import OfferTicket, SignedClient, enrolled_worker, heartbeat, register, register_body
 from workers.models import WorkerSession
 from workers.principals import WorkerPrincipal
 
 pytestmark = pytest.mark.django_db
-
-
-def heartbeat(session, **changes):
-    return {**session.fence(), "expectedVersion": session.version, "availableSlots": 2, **changes}
 
 
 @pytest.fixture
@@ -101,14 +97,7 @@ def test_registering_over_http_binds_the_session_to_its_worker_at_once(client):
     session_id = str(uuid7())
     registered = SignedClient(client, b).post(
         wire.SESSION_REGISTER,
-        {
-            "sessionId": session_id,
-            "capabilities": BASE_SNAPSHOT,
-            "maxConcurrentRuns": 1,
-            "availableSlots": 1,
-            "softwareVersion": "test/1",
-            "protocolVersion": 1,
-        },
+        register_body(session_id=session_id, maxConcurrentRuns=1, availableSlots=1),
     )
     assert registered.status_code == 201, registered.json()
     api = SignedClient(client, a)

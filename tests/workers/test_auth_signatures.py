@@ -15,7 +15,7 @@ from api import auth
 from audit.models import Event
 from protocol import strictjson, wire
 from protocol.signing import sign_request
-from tests.helpers import SignedClient, enrolled_worker
+from tests.helpers import SignedClient, enrolled_worker, heartbeat, refused, send, signed_headers
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -23,26 +23,6 @@ pytestmark = pytest.mark.django_db
 
 def rows():
     return list(WorkerSession.objects.order_by("pk").values()), Event.objects.count()
-
-
-def heartbeat(session, **changes):
-    """A heartbeat that changes nothing (the session registered with 2 of 2 slots free)."""
-    return {**session.fence(), "expectedVersion": session.version, "availableSlots": 2, **changes}
-
-
-def send(client, path, raw: bytes, headers: dict[str, str]):
-    return client.generic("POST", path, raw, content_type="application/json", headers=headers)
-
-
-def signed_headers(worker, path, raw, **kwargs):
-    return sign_request(
-        method="POST", path=path, body=raw, key_id=worker.credential_id, private_key=worker.key, **kwargs
-    )
-
-
-def refused(answer, status, code):
-    assert answer.status_code == status, answer.json()
-    assert answer.json()["code"] == code, answer.json()
 
 
 def test_a_replayed_request_is_refused_and_changes_nothing(client, worker_session):

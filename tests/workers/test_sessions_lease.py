@@ -30,8 +30,15 @@ from placement.selectors import live_workers
 from protocol import wire
 from protocol.ids import uuid7
 from runs.models import RunAttempt
-from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
-from tests.workers.test_sessions_matrix import snapshot_rows
+from tests.helpers import (
+    OfferTicket,
+    SignedClient,
+    enqueue,
+    enrolled_worker,
+    make_revision,
+    register,
+    snapshot_rows,
+)
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
