@@ -88,7 +88,7 @@ def _validate(spec: RevisionSpec) -> placement_spec.PlacementSpec:
 
 
 def _spec_sha256(spec: RevisionSpec, placement: placement_spec.PlacementSpec) -> str:
-    content = {
+    content: dict[str, str | int | dict[str, str]] = {
         "executor": spec.executor,
         "command": spec.command,
         "env": spec.env,

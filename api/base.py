@@ -11,6 +11,7 @@ request carrying a worker signature, so a worker credential can never reach them
 from __future__ import annotations
 
 import uuid
+from typing import cast
 
 from rest_framework import serializers
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, TokenAuthentication
@@ -149,7 +150,7 @@ class WorkerAPIView(APIView):
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
-        principal: WorkerPrincipal = request.user
+        principal = self.principal
         enforce(
             request,
             group="worker-api",
@@ -161,7 +162,9 @@ class WorkerAPIView(APIView):
 
     @property
     def principal(self) -> WorkerPrincipal:
-        return self.request.user
+        # WorkerSignatureAuthentication sets request.user to the principal; the stubs type
+        # request.user as a Django user.
+        return cast(WorkerPrincipal, self.request.user)
 
     def session_fence(self, data: dict) -> dict:
         """The session fence of a validated body as write-path keywords (the worker from the

@@ -96,7 +96,8 @@ def main() -> int:
             f"CPU < 0.5 % {'met' if cpu_percent < 0.5 else 'MISSED'}"
         )
         print(
-            f"agent_idle_rss_mib={rss / 2**20:.1f} agent_idle_cpu_percent={cpu_percent:.3f} agent_threads={threads}"
+            f"agent_idle_rss_mib={rss / 2**20:.1f} agent_idle_cpu_percent={cpu_percent:.3f} "
+            f"agent_threads={threads}"
         )
         return 0
     finally:

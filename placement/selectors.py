@@ -216,7 +216,7 @@ def mismatch_summary(placement: dict[str, Any], workers: list[LiveWorker]) -> di
     counts: Counter[str] = Counter()
     for worker in workers:
         result = match(worker.capabilities, placement)
-        if not result.eligible:
+        if result.category is not None:  # not eligible: the first failing category
             counts[result.category] += 1
         elif worker.free_slots <= 0:
             counts[CAPACITY] += 1

@@ -253,16 +253,13 @@ def _preferred(doc: Any) -> dict[str, Any]:
         for required_key in ("key", "value", "weight"):
             if required_key not in entry:
                 raise _fail(join_path(field, required_key), "required field is missing")
-        normalised = {
-            "key": _label_key(entry["key"], join_path(field, "key")),
-            "value": _label_value(entry["value"], join_path(field, "value")),
-            "weight": _int(entry["weight"], join_path(field, "weight"), 1, MAX_WEIGHT, None),
-        }
-        pair = (normalised["key"], normalised["value"])
-        if pair in seen:
+        key = _label_key(entry["key"], join_path(field, "key"))
+        value = _label_value(entry["value"], join_path(field, "value"))
+        weight = _int(entry["weight"], join_path(field, "weight"), 1, MAX_WEIGHT, None)
+        if (key, value) in seen:
             raise _fail(field, "duplicate key/value entry")
-        seen.add(pair)
-        entries.append(normalised)
+        seen.add((key, value))
+        entries.append({"key": key, "value": value, "weight": weight})
     return {"labels": sorted(entries, key=lambda e: (e["key"], e["value"]))}
 
 

@@ -136,11 +136,12 @@ def conclude_attempt(
         )
     if outcome != AttemptState.SUCCEEDED and _may_retry(revision, attempt, outcome):
         return _retry_wait(run, attempt, now=now, actor_type=actor_type, actor=actor)
-    error_class = {
+    error_classes: dict[str, str] = {
         AttemptState.FAILED: "exit_code",
         AttemptState.TIMED_OUT: "timeout",
         AttemptState.CANCELLED: "cancelled",
-    }.get(outcome, "")
+    }
+    error_class = error_classes.get(outcome, "")
     if reason == "executor_start_failed":
         error_class = "executor_start_error"
     return move_run(

@@ -26,7 +26,7 @@ def task_by_name(name: str) -> Task:
 
 def latest_revision(task: Task) -> TaskRevision:
     """The newest revision of ``task`` (every task has revision 1)."""
-    return task.revisions.order_by("-number").first()
+    return task.revisions.latest("number")
 
 
 QueueCursor = tuple[int, datetime, object]

@@ -15,8 +15,7 @@ from audit import recorder
 from audit.models import Event
 from core.db import db_now
 from core.errors import DomainError
-from tests.helpers import enrolled_worker, register, snapshot
-from tests.workers.test_sessions_matrix import snapshot_rows
+from tests.helpers import enrolled_worker, register, snapshot, snapshot_rows
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
