@@ -25,6 +25,7 @@ from typing import Any
 from django.db.models import Count, Q
 
 from core.errors import DomainError
+from leases.models import LeaseState
 from runs.models import Run
 from workers.models import SessionState, WorkerSession, WorkerState
 
@@ -132,7 +133,7 @@ def live_workers(*, now: datetime, limit: int = MAX_LIVE_WORKERS) -> list[LiveWo
             state=SessionState.ONLINE, lease_expires_at__gt=now, worker__state=WorkerState.ACTIVE
         )
         .select_related("worker")
-        .annotate(active_leases=Count("leases", filter=Q(leases__state="leased")))
+        .annotate(active_leases=Count("leases", filter=Q(leases__state=LeaseState.LEASED)))
         .order_by("worker_id")[:limit]
     )
     return [

@@ -68,7 +68,6 @@ MAX_PREFERRED_LABELS = 16
 MAX_WEIGHT = 100
 MAX_RANGE_LENGTH = 128
 MAX_PLACEMENT_BYTES = 8 * 1024
-PLACEMENT_DEPTH = 4  # placement > required > gpu > features, or placement > preferred > labels > entry
 
 _TOP = {"required", "preferred"}
 _REQUIRED = {"executor", "arch", "os", "runtimes", "labels", "minMemoryMiB", "minDiskMiB", "gpu"}

@@ -75,9 +75,6 @@ MAX_MEMORY_MIB = 1 << 30  # 1 PiB
 MAX_DISK_MIB = 1 << 40
 MAX_CPU_COUNT = 4096
 MAX_VERSION_LENGTH = 64
-#: Deepest nesting a snapshot needs: snapshot > gpus > gpu > features.
-SNAPSHOT_DEPTH = 4
-
 ARCH_ALIASES = {
     "x86_64": "x86_64", "amd64": "x86_64", "x64": "x86_64", "x86-64": "x86_64",
     "aarch64": "aarch64", "arm64": "aarch64", "armv8": "aarch64",

@@ -3,7 +3,7 @@
 No Django here: the agent imports this package. Every refused request answers
 ``{"code", "message", "field"}`` with the catalogued HTTP status; :data:`CATALOGUE` says, for each
 code, that status, what it means, and what a worker does on it (:class:`WorkerAction`). The
-control plane raises these codes (``qinglong.errors.DomainError``); the agent derives how it
+control plane raises these codes (``core.errors.DomainError``); the agent derives how it
 reacts to an answer from the same table (``agent/calls.py``). ``docs/errors.md`` is generated
 from it (``manage.py error_codes``).
 """

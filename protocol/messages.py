@@ -3,7 +3,7 @@
 Plain dictionaries at run time (a ``TypedDict`` costs nothing once imported), checked by mypy
 wherever the agent builds a request or reads an answer, so a misspelt or missing key is a type
 error rather than a refusal. Ids are UUID strings and times RFC 3339 strings, as on the wire.
-The control plane's DRF serializers (``workers/api/serializers.py``, ``leases/api/serializers.py``)
+The control plane's DRF serializers (``api/workers/serializers.py``, ``api/leases/serializers.py``)
 accept and produce exactly these keys; ``tests/api/test_messages_contract.py`` keeps the two
 equal. :data:`REQUESTS` and :data:`ANSWERS` name the shapes of every endpoint of
 ``protocol.wire``. The protocol on one page: ``docs/protocol.md``.

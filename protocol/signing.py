@@ -19,7 +19,7 @@ The profile (a request that deviates from it is ``signature_malformed``)::
     QL-Target: <METHOD> <path?query>      (unsigned diagnostic: what the worker meant to sign)
 
 ``created`` is checked against the *server's* clock (window ``QINGLONG_SIGNATURE_WINDOW_SECONDS``);
-nonces are remembered for twice the window (``workers.auth``).
+nonces are remembered for twice the window (``api.auth``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``RUN_TRANSITIONS[a]`` is the set of states a run may move to from ``a``; likewise for attempts.
 ``runs.transitions`` is the only code that changes a state, and it consults these tables.
-``waiting_approval`` from the upstream catalogue is not part of this product (no approvals).
+There is no ``waiting_approval`` state: this product has no approvals.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Every code the server can answer is in the protocol's error catalogue (``protocol/errors.py``).
 
-A ``DomainError`` or ``ProtocolError`` raised with an uncatalogued code would answer 500; this
-walks the source of every server and protocol package and collects each literal code passed to
-them, so a new code cannot ship without its catalogue entry (status, meaning, worker action).
+An uncatalogued code would answer 500 (``DomainError`` looks its status up) or an undocumented
+body. This walks the source of every server and protocol package and collects each literal code
+it can answer with: the first argument of ``DomainError``/``ProtocolError`` and of every helper
+whose first parameter is ``code`` (both branches of a conditional included), ``"code": …`` in a
+dict built by hand, and literals assigned to a variable named ``code``.
 """
 
 from __future__ import annotations
@@ -27,32 +29,77 @@ PACKAGES = [
     "api",
     "console",
 ]
-RAISERS = {"DomainError", "ProtocolError"}
+
+
+def _trees() -> list[tuple[Path, ast.Module]]:
+    return [
+        (path, ast.parse(path.read_text(encoding="utf-8")))
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+    ]
+
+
+def _strings(node: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _code_literals(node: ast.AST) -> list[str]:
+    """String literals a code-valued expression can take (a literal, or either arm of ``a if c else b``)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.IfExp):
+        return _code_literals(node.body) + _code_literals(node.orelse)
+    return []
 
 
 def raised_codes() -> dict[str, str]:
-    """code → "file:line" of one place that raises it, for every literal code in the tree."""
+    """code → "file:line" of one place that answers it, for every literal code in the tree."""
+    trees = _trees()
+    takers = {"DomainError", "ProtocolError"} | {
+        node.name
+        for _, tree in trees
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.args.args and node.args.args[0].arg == "code"
+    }
     found: dict[str, str] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if not isinstance(node, ast.Call) or not node.args:
-                    continue
+
+    def note(codes: list[str], path: Path, node: ast.AST) -> None:
+        for code in codes:
+            found.setdefault(code, f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}")
+
+    for path, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and node.args:
                 name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-                first = node.args[0]
-                if name in RAISERS and isinstance(first, ast.Constant) and isinstance(first.value, str):
-                    found.setdefault(first.value, f"{path.relative_to(ROOT)}:{node.lineno}")
+                if name in takers:
+                    note(_code_literals(node.args[0]), path, node)
+            elif isinstance(node, ast.Dict):
+                for key, value in zip(node.keys, node.values, strict=True):
+                    if isinstance(key, ast.Constant) and key.value == "code" and value is not None:
+                        note(_code_literals(value), path, node)
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and target.id == "code":
+                        note(_code_literals(node.value), path, node)
+                    elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                        for element, value in zip(target.elts, node.value.elts, strict=False):
+                            if isinstance(element, ast.Name) and element.id == "code":
+                                note(_code_literals(value), path, node)
     return found
 
 
-def test_the_walk_finds_the_codes_it_is_meant_to_find():
+def test_the_walk_finds_codes_in_each_form_it_is_meant_to_find():
     codes = raised_codes()
-    # A few codes raised in different layers: the walk must reach each of them.
-    assert {"session_superseded", "lease_token_mismatch", "json_duplicate_key", "principal_mismatch"} <= set(
-        codes
-    )
+    assert {
+        "session_superseded",  # DomainError("…")
+        "json_duplicate_key",  # ProtocolError("…") in protocol/
+        "body_too_large",  # {"code": "…"} built by hand (api/middleware.py)
+        "host_not_allowed",  # code, field = "…", "…" (api/exceptions.py)
+        "enrollment_token_used",  # a helper whose first parameter is `code`
+        "attempt_already_started",  # DomainError("…" if … else "…")
+    } <= set(codes)
 
 
 @pytest.mark.parametrize("code,where", sorted(raised_codes().items()))
-def test_every_raised_code_is_catalogued(code, where):
-    assert code in CATALOGUE, f"{where} raises {code!r}, which protocol/errors.py does not catalogue"
+def test_every_answered_code_is_catalogued(code, where):
+    assert code in CATALOGUE, f"{where} answers {code!r}, which protocol/errors.py does not catalogue"
