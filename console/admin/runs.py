@@ -127,7 +127,7 @@ class TaskForm(forms.ModelForm):
         model = Task
         fields = ("name", "description")
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.previous: TaskRevision | None = None
         if not self.instance._state.adding:
@@ -752,7 +752,7 @@ class RunAdmin(ReadOnlyAdmin):
             .defer("stdout_tail", "stderr_tail")
             .order_by("number")
         )
-        leases: dict = {}
+        leases: dict[object, list[str]] = {}
         for lease in (
             RunDispatchLease.objects.filter(run=run)
             .order_by("lease_generation")
