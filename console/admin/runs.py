@@ -95,9 +95,12 @@ class TaskForm(forms.ModelForm):
 
     executor = forms.ChoiceField(choices=[(e, e) for e in EXECUTORS], initial="shell")
     command = forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "class": "ql-command"}), strip=False)
-    timeout_seconds = forms.IntegerField(min_value=1, max_value=MAX_TIMEOUT_SECONDS, initial=300)
+    timeout_seconds = forms.IntegerField(
+        min_value=1, max_value=MAX_TIMEOUT_SECONDS, initial=300, label="Timeout (s)"
+    )
     env = forms.CharField(
         required=False,
+        label="Environment",
         widget=forms.Textarea(attrs={"rows": 3, "class": "ql-command"}),
         help_text=f"one NAME=value a line; values of secret-looking names show as {MASK} and are kept "
         "unless you type a new value",
@@ -108,19 +111,21 @@ class TaskForm(forms.ModelForm):
         help_text='a PlacementSpec as JSON, e.g. {"required": {"arch": ["x86_64"]}}; empty: any worker '
         "with the executor (docs/placement.md)",
     )
-    max_attempts = forms.IntegerField(min_value=1, max_value=20, initial=1, label="max attempts")
+    max_attempts = forms.IntegerField(min_value=1, max_value=20, initial=1, label="Max attempts")
     retry_on = forms.MultipleChoiceField(
         required=False,
         choices=[(o, o) for o in RETRYABLE_OUTCOMES],
         widget=forms.CheckboxSelectMultiple,
-        label="retry on",
+        label="Retry on",
     )
     lost_retry = forms.ChoiceField(
-        choices=LostRetry.choices, initial=LostRetry.NEVER, label="retry when lost"
+        choices=[(value, value) for value in LostRetry.values],
+        initial=LostRetry.NEVER,
+        label="Retry when lost",
     )
-    retry_backoff_seconds = forms.IntegerField(min_value=1, max_value=86400, initial=10, label="backoff (s)")
+    retry_backoff_seconds = forms.IntegerField(min_value=1, max_value=86400, initial=10, label="Backoff (s)")
     retry_backoff_max_seconds = forms.IntegerField(
-        min_value=1, max_value=86400, initial=300, label="backoff max (s)"
+        min_value=1, max_value=86400, initial=300, label="Backoff max (s)"
     )
 
     class Meta:
@@ -268,7 +273,7 @@ def revision_table(revision: TaskRevision) -> str:
     """A revision's execution content, readable: command, executor, timeout, env, placement, retry."""
     env = masked_env(revision.env)
     rows = [
-        ("revision", f"r{revision.number} · {revision.created_at:%Y-%m-%d %H:%M:%S} UTC"),
+        ("revision", format_html("r{} · {}", revision.number, when(revision.created_at))),
         ("executor", revision.executor),
         ("command", format_html('<pre class="ql-pre">{}</pre>', revision.command)),
         ("timeout", f"{revision.timeout_seconds} s"),
