@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from django.db import connections
 from playwright.sync_api import sync_playwright
 
 from tests.console.fixtures import PASSWORD, make_user
@@ -53,7 +54,12 @@ def browser_context(tmp_path):
         try:
             yield context
         finally:
+            for page in context.pages:  # stop the pages' own polling before the server goes
+                page.goto("about:blank")
             context.close()
+            # With Playwright's loop running, asgiref gives this test its own connection objects;
+            # close them here, or the test database cannot be dropped at the end of the session.
+            connections.close_all()
 
 
 class Console:
