@@ -141,6 +141,12 @@ def backoff(max_seconds: float):
 
 def classify(exc: ApiError) -> Stop | None:
     """The Stop an API error implies for the whole agent, or None if it is local to one call."""
+    if exc.code == "agent_version_unsupported":
+        return Stop(
+            wire.EXIT_AGENT_OUTDATED,
+            f"the control plane refuses this agent version ({exc.code}: {exc.message}); upgrade it; "
+            f"exiting with status {wire.EXIT_AGENT_OUTDATED}: do not restart it in a loop",
+        )
     if exc.code in FENCED:
         return Stop(wire.EXIT_FENCED, f"session fenced ({exc.code}: {exc.message}); exiting with status "
                     f"{wire.EXIT_FENCED} so that the supervisor starts a fresh process, which registers a new session")

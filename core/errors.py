@@ -65,8 +65,14 @@ CATALOGUE: dict[str, ErrorSpec] = {
     ),
     "principal_mismatch": ErrorSpec(403, "A body/path worker id differs from the authenticated worker."),
     "worker_credential_forbidden": ErrorSpec(403, "Worker credentials cannot reach operator endpoints."),
-    "not_authenticated": ErrorSpec(401, "Operator endpoints need staff session or token authentication."),
-    "permission_denied": ErrorSpec(403, "The authenticated user is not staff."),
+    "not_authenticated": ErrorSpec(
+        401, "Operator endpoints need an API token (`Authorization: Token …`) or a console session."
+    ),
+    "permission_denied": ErrorSpec(
+        403,
+        "The user, or the role its API token is scoped to, lacks the permission this act needs "
+        "(`message` names it; docs/operators.md).",
+    ),
     "enrollment_token_invalid": ErrorSpec(
         401, "The enrollment token is unknown or belongs to another worker."
     ),
@@ -90,6 +96,11 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "no_live_session": ErrorSpec(409, "The worker has no online or draining session to take offline."),
     "session_takeover_limited": ErrorSpec(429, "Too many session replacements for this worker this minute."),
     "session_id_invalid": ErrorSpec(400, "The session id is not a UUIDv7."),
+    "agent_version_unsupported": ErrorSpec(
+        403,
+        "The agent's software version is below the minimum, or its protocol version is not supported "
+        "(`details` gives the policy): the agent exits with status 6 and must be upgraded, not restarted.",
+    ),
     "slots_exceed_maximum": ErrorSpec(422, "availableSlots is above maxConcurrentRuns."),
     # --- capabilities and placement (ADR-0012 §4) ---------------------------------------------
     "capabilities_invalid": ErrorSpec(422, "The capability snapshot breaks the schema; `field` names where."),
@@ -117,6 +128,9 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "revision_not_found": ErrorSpec(404, "No such task revision."),
     "run_not_found": ErrorSpec(404, "No such run."),
     "worker_not_found": ErrorSpec(404, "No such worker."),
+    "run_not_finished": ErrorSpec(
+        409, "Only a finished run can be retried; this one still has a live attempt."
+    ),
     "invalid_run_transition": ErrorSpec(409, "The run cannot move from its state to the requested one."),
     "run_version_conflict": ErrorSpec(409, "The run changed under the request."),
 }
