@@ -1,16 +1,57 @@
 """Admin helpers shared by the apps: every admin refuses malformed action selections with a
-message (never a 500), and protocol-owned rows are read-only in the admin."""
+message (never a 500), refuses an action the user may not take with a permission message,
+and protocol-owned rows are read-only in the admin. Every action names the permission it needs
+(``allowed_permissions``, checked by :func:`permission_check`; ``docs/operators.md``)."""
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import ValidationError
 from django.http import HttpResponseRedirect
 
+from accounts.roles import role_of
+
+
+def permission_check(codename: str):
+    """A ``has_<codename>_permission`` method for ``allowed_permissions = ("<codename>",)``:
+    the user holds ``<app_label>.<codename>`` of the admin's model (a superuser holds all)."""
+
+    def check(self, request, obj=None) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    check.__name__ = f"has_{codename}_permission"
+    return check
+
+
+def acting_role(request) -> str:
+    """The role an admin user's act is audited under (``accounts.roles.role_of``)."""
+    return role_of(request.user)
+
 
 class ModelAdmin(admin.ModelAdmin):
     """Django's ``ModelAdmin``, except that an action posted with a selected id that is not a
     valid primary key (``_selected_action=not-a-uuid``) is refused with an error message and
-    nothing done, instead of failing with a 500 when the selection is evaluated."""
+    nothing done, instead of failing with a 500 when the selection is evaluated; and an action
+    the user lacks the permission for is refused with a message naming it (Django would only
+    say "No action selected")."""
+
+    def changelist_view(self, request, extra_context=None):
+        # Django leaves a refused action out of the form and then says nothing useful (or, with
+        # no action left at all, ignores the POST): refuse it here, by name, before anything runs.
+        name = request.POST.get("action", "") if request.method == "POST" else ""
+        declared = {getattr(action, "__name__", action) for action in self.actions or ()}
+        declared |= {name for name, _ in self.admin_site.actions}
+        if (
+            name in declared
+            and self.has_view_or_change_permission(request)
+            and name not in self.get_actions(request)
+        ):
+            self.message_user(
+                request,
+                f"You do not have permission to {name.replace('_', ' ')}; nothing was done.",
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(request.get_full_path())
+        return super().changelist_view(request, extra_context)
 
     def response_action(self, request, queryset):
         pk = self.model._meta.pk

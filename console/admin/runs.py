@@ -5,9 +5,9 @@ import json
 from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
-from actions.runs import run_cancel, run_enqueue
+from actions.runs import run_cancel, run_enqueue, run_retry
 from audit.models import ActorType
-from console.admin.base import ModelAdmin, ReadOnlyAdmin
+from console.admin.base import ModelAdmin, ReadOnlyAdmin, acting_role, permission_check
 from core.db import db_now
 from core.errors import DomainError
 from placement.selectors import describe_summary, live_workers, parse_placement, placement_preview
@@ -16,7 +16,7 @@ from runs.models import Run, RunAttempt, Task, TaskRevision
 from runs.states import RunState
 
 
-@admin.action(description="Run now (newest revision)")
+@admin.action(description="Run now (newest revision)", permissions=("run_task",))
 def run_now(modeladmin, request, queryset):
     for task in queryset:
         try:
@@ -24,6 +24,7 @@ def run_now(modeladmin, request, queryset):
                 revision_id=selectors.latest_revision(task).pk,
                 actor_type=ActorType.OPERATOR,
                 actor=request.user.get_username(),
+                role=acting_role(request),
             )
         except DomainError as exc:
             modeladmin.message_user(request, f"{task.name}: {exc.code}: {exc.message}", messages.ERROR)
@@ -49,9 +50,13 @@ class TaskAdmin(ModelAdmin):
     search_fields = ("name",)
     inlines = (RevisionInline,)
     actions = (run_now,)
+    has_run_task_permission = permission_check("run_task")
 
     def has_add_permission(self, request):
         return False  # tasks are created through the operator API with a validated revision
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # revisions and runs point at a task (PROTECT): it is never deleted
 
 
 @admin.register(TaskRevision)
@@ -106,7 +111,7 @@ class TaskRevisionAdmin(ReadOnlyAdmin):
         )
 
 
-@admin.action(description="Cancel")
+@admin.action(description="Cancel", permissions=("cancel_run",))
 def cancel(modeladmin, request, queryset):
     for run in queryset:
         try:
@@ -114,12 +119,29 @@ def cancel(modeladmin, request, queryset):
                 run_id=run.pk,
                 actor_type=ActorType.OPERATOR,
                 actor=request.user.get_username(),
+                role=acting_role(request),
                 reason="cancelled in the admin",
             )
         except DomainError as exc:
             modeladmin.message_user(request, f"{run.pk}: {exc.code}: {exc.message}", messages.ERROR)
         else:
             modeladmin.message_user(request, f"{run.pk}: {result.status}", messages.SUCCESS)
+
+
+@admin.action(description="Retry (a new run of the same revision)", permissions=("retry_run",))
+def retry(modeladmin, request, queryset):
+    for run in queryset:
+        try:
+            new = run_retry(
+                run_id=run.pk,
+                actor_type=ActorType.OPERATOR,
+                actor=request.user.get_username(),
+                role=acting_role(request),
+            )
+        except DomainError as exc:
+            modeladmin.message_user(request, f"{run.pk}: {exc.code}: {exc.message}", messages.ERROR)
+        else:
+            modeladmin.message_user(request, f"{run.pk}: retried as run {new.pk}", messages.SUCCESS)
 
 
 class AttemptInline(admin.TabularInline):
@@ -159,7 +181,9 @@ class RunAdmin(ReadOnlyAdmin):
     list_select_related = ("task",)
     search_fields = ("=id", "task__name")
     inlines = (AttemptInline,)
-    actions = (cancel,)
+    actions = (cancel, retry)
+    has_cancel_run_permission = permission_check("cancel_run")
+    has_retry_run_permission = permission_check("retry_run")
     readonly_fields = ("waiting_reason", "placement_checked_at")
 
     @admin.display(description="why waiting")
