@@ -68,6 +68,13 @@ def token_allows(role: str, permission: str) -> bool:
     return permission in ROLE_PERMISSIONS.get(role, frozenset())
 
 
+def holds_role(user, role: str) -> bool:
+    """Whether an active ``user`` holds every permission of ``role`` (a superuser holds all)."""
+    if not user.is_active or role not in ROLE_PERMISSIONS:
+        return False
+    return user.is_superuser or all(user.has_perm(name) for name in ROLE_PERMISSIONS[role])
+
+
 def role_of(user, token_role: str | None = None) -> str:
     """The role an act is audited under: the token's role when the act came with a token, else
     ``superuser``, the highest role group the user is in, or ``none``. ``user``: a Django user."""

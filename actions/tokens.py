@@ -12,7 +12,7 @@ from datetime import timedelta
 from knox.models import get_token_model
 
 from accounts.models import ApiToken
-from accounts.roles import ROLE_PERMISSIONS, Role
+from accounts.roles import Role, holds_role
 from audit.models import ActorType
 from audit.recorder import record
 from core.db import write_path
@@ -29,10 +29,6 @@ class IssuedApiToken:
 
     token: str
     record: ApiToken
-
-
-def _holds_role(user, role: str) -> bool:
-    return user.is_superuser or all(user.has_perm(name) for name in ROLE_PERMISSIONS[role])
 
 
 @write_path
@@ -54,7 +50,7 @@ def api_token_create(
         raise DomainError("validation_failed", f"must be one of {', '.join(Role.values)}", field="role")
     if not MIN_TTL_SECONDS <= ttl_seconds <= MAX_TTL_SECONDS:
         raise DomainError("validation_failed", "must be between one hour and one year", field="ttlSeconds")
-    if not user.is_active or not _holds_role(user, role):
+    if not holds_role(user, role):
         raise DomainError(
             "validation_failed", f"{user.get_username()} does not hold the {role} role", field="role"
         )

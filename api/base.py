@@ -48,6 +48,10 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class EmptySerializer(StrictSerializer):
+    """No fields: the act needs none (an empty body or ``{}``; any key is refused by name)."""
+
+
 class StrictIntegerField(serializers.IntegerField):
     """An integer that must be a JSON integer: no strings, floats or booleans."""
 

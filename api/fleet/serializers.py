@@ -75,10 +75,6 @@ class EnrollmentTokenOutSerializer(serializers.Serializer):
     command = serializers.CharField(help_text="what to run on the machine")
 
 
-class EmptySerializer(StrictSerializer):
-    """No fields: the act needs none."""
-
-
 class OfflineInSerializer(StrictSerializer):
     force = serializers.BooleanField(
         default=False, help_text="settle active run leases (started attempts lost)"

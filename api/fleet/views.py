@@ -11,7 +11,7 @@ from actions.credentials import credential_force_rotation
 from actions.enrollment import enrollment_token_create, worker_create
 from actions.sessions.shutdown import session_operator_offline
 from actions.workers import worker_drain, worker_revoke, worker_undrain
-from api.base import OperatorAPIView
+from api.base import EmptySerializer, OperatorAPIView
 from api.pagination import page_of, paginate
 from audit.models import Event
 from core.db import db_now
@@ -121,9 +121,9 @@ class _WorkerAct(OperatorAPIView):
 
     act = None
 
-    @extend_schema(request=s.EmptySerializer, responses={200: s.WorkerDetailSerializer})
+    @extend_schema(request=EmptySerializer, responses={200: s.WorkerDetailSerializer})
     def post(self, request, worker_id):
-        s.EmptySerializer(data=request.data if request.data is not None else {}).is_valid(
+        EmptySerializer(data=request.data if request.data is not None else {}).is_valid(
             raise_exception=True
         )
         type(self).act(worker_id=worker_id, actor=self.actor, role=self.role)

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 
 from actions.runs import run_cancel, run_enqueue, run_retry
 from actions.tasks import revision_create, task_create
-from api.base import OperatorAPIView
+from api.base import EmptySerializer, OperatorAPIView
 from api.pagination import page_of, paginate
 from audit.models import ActorType
 from core.errors import DomainError
@@ -196,9 +196,8 @@ class RunRetryView(OperatorAPIView):
 
     permissions = {"POST": "runs.retry_run"}
 
-    @extend_schema(request=None, responses={201: s.RunOutSerializer})
+    @extend_schema(request=EmptySerializer, responses={201: s.RunOutSerializer})
     def post(self, request, run_id):
-        if request.data not in ({}, None):
-            raise DomainError("validation_failed", "the body must be empty or {}", field="body")
+        EmptySerializer(data=request.data if request.data is not None else {}).is_valid(raise_exception=True)
         run = run_retry(run_id=run_id, actor_type=ActorType.API_APP, actor=self.actor, role=self.role)
         return Response(s.RunOutSerializer(_run(run.pk)).data, status=201)

@@ -10,12 +10,14 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
+from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
 
 from accounts.models import ApiToken
+from accounts.roles import holds_role
 from actions.tokens import MAX_TTL_SECONDS, api_token_create, api_token_revoke
-from console.admin.base import ModelAdmin, acting_role
+from console.admin.base import ActionWritesAdmin, acting_role
 from core.errors import DomainError
 
 
@@ -28,9 +30,16 @@ class ApiTokenForm(forms.ModelForm):
         model = ApiToken
         fields = ("user", "name", "role")
 
+    def clean(self):
+        data = super().clean()
+        user, role = data.get("user"), data.get("role")
+        if user is not None and role and not holds_role(user, role):
+            self.add_error("role", f"{user.get_username()} does not hold the {role} role")
+        return data
+
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(ModelAdmin):
+class ApiTokenAdmin(ActionWritesAdmin):
     form = ApiTokenForm
     list_display = ("name", "user", "role", "created", "expiry", "expired")
     list_filter = ("role",)
@@ -77,6 +86,11 @@ class ApiTokenAdmin(ModelAdmin):
             ),
             messages.WARNING,
         )
+
+    def response_add(self, request, obj, post_url_continue=None):
+        if not obj.digest:  # the action refused it (its message says why)
+            return HttpResponseRedirect(request.path)
+        return super().response_add(request, obj, post_url_continue)
 
     def log_addition(self, request, obj, message):
         if obj.digest:  # not when the action refused it

@@ -79,3 +79,15 @@ class ReadOnlyAdmin(ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class ActionWritesAdmin(ModelAdmin):
+    """An admin whose saves and deletes call write paths (``actions``), each its own durable
+    transaction: the add/change and delete views do not wrap them in Django's outer
+    transaction (a durable transaction cannot be nested)."""
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        return self._changeform_view(request, object_id, form_url, extra_context)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        return self._delete_view(request, object_id, extra_context)

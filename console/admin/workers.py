@@ -9,7 +9,7 @@ from actions.credentials import credential_force_rotation
 from actions.enrollment import enrollment_token_create, worker_create
 from actions.sessions.shutdown import session_operator_offline
 from actions.workers import worker_drain, worker_revoke, worker_undrain
-from console.admin.base import ModelAdmin, ReadOnlyAdmin, acting_role, permission_check
+from console.admin.base import ActionWritesAdmin, ReadOnlyAdmin, acting_role, permission_check
 from core.errors import DomainError
 from workers.models import LIVE_SESSION_STATES, EnrollmentToken, Worker, WorkerCredential, WorkerSession
 from workers.versions import version_verdict
@@ -84,7 +84,7 @@ def force_rotation(modeladmin, request, queryset):
 
 
 @admin.register(Worker)
-class WorkerAdmin(ModelAdmin):
+class WorkerAdmin(ActionWritesAdmin):
     list_display = ("name", "state", "live_session", "agent_version", "created_at")
     list_filter = ("state",)
     search_fields = ("name",)
