@@ -37,7 +37,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from protocol.signing import sign_request
-from tests.helpers import enqueue, enrolled_worker, make_revision, register
+from tests.helpers import api_token, enqueue, enrolled_worker, make_revision, operator_user, register
 
 pytestmark = pytest.mark.django_db
 
@@ -97,13 +97,10 @@ def in_test_transaction():
 def callers(protocol_settings, in_test_transaction):
     """An enrolled worker with a live session, a staff token and a queued run to read and
     cancel; rate limits out of the way."""
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
-
     protocol_settings(RATE_WORKER="100000/m", RATE_ENROLL="100000/m", RATE_AUTH_FAILURES="100000/m")
     worker = enrolled_worker()
     session = register(worker)
-    staff = get_user_model().objects.create_user("fuzz-operator", password="unused-password-1", is_staff=True)
+    staff = operator_user("fuzz-operator", superuser=True)
     revision = make_revision(name="fuzzed-task")
     run = enqueue(revision)
     ids = {
@@ -114,7 +111,7 @@ def callers(protocol_settings, in_test_transaction):
         "revision_id": str(revision.pk),
         "name": "fuzzed-task",
     }
-    return worker, Token.objects.create(user=staff).key, ids
+    return worker, api_token(staff), ids
 
 
 def _bind(case, ids: dict) -> None:
