@@ -17,6 +17,7 @@ from django.utils import timezone
 from knox.auth import TokenAuthentication as KnoxTokenAuthentication
 from rest_framework import serializers
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission
 from rest_framework.views import APIView
 
@@ -189,6 +190,13 @@ class ApiTokenAuthentication(KnoxTokenAuthentication):
     """``Authorization: Token qlops_…``: django-rest-knox's digest lookup (constant-time compare)
     over ``accounts.ApiToken``. Unlike knox, an expired token is refused without deleting rows
     on a read request; revocation deletes it (``actions.tokens.api_token_revoke``)."""
+
+    def authenticate_credentials(self, token: bytes):
+        try:
+            token.decode("utf-8")
+        except UnicodeDecodeError:
+            raise AuthenticationFailed("Invalid token.") from None  # knox would answer a 500
+        return super().authenticate_credentials(token)
 
     def _cleanup_token(self, auth_token) -> bool:
         return auth_token.expiry is not None and auth_token.expiry <= timezone.now()

@@ -73,8 +73,9 @@ def test_a_token_is_stored_only_as_a_digest(client):
     assert token.startswith("qlops_") and len(token) == 6 + 64
 
 
-def test_a_bad_token_is_refused(client):
-    answer = client.get(RUNS, headers={"Authorization": "Token not-a-real-token"})
+@pytest.mark.parametrize("value", ["Token not-a-real-token", "Token qlops_\xff\xfe", "Token", "Token a b"])
+def test_a_bad_token_is_refused(client, value):
+    answer = client.get(RUNS, headers={"Authorization": value})
     assert (answer.status_code, answer.json()["code"]) == (401, "not_authenticated")
 
 
