@@ -33,7 +33,7 @@ def paginate(
     paginator = OperatorCursor()
     paginator.ordering = ordering
     try:
-        page = paginator.paginate_queryset(queryset, request, view=view)
+        page: list | None = paginator.paginate_queryset(queryset, request, view=view)
     except NotFound:
         raise DomainError("validation_failed", "not a cursor this list issued", field="cursor") from None
     if prepare is not None:

@@ -117,4 +117,11 @@ class EventOutSerializer(serializers.Serializer):
     runId = serializers.UUIDField(source="run_id", allow_null=True)
     attemptId = serializers.UUIDField(source="attempt_id", allow_null=True)
     leaseId = serializers.UUIDField(source="lease_id", allow_null=True)
-    data = serializers.JSONField(help_text="low-cardinality facts; the acting operator's role as `role`")
+
+    def get_fields(self):
+        # ``data`` is also the name of Serializer's output property: declared here, not as a class attribute.
+        fields = super().get_fields()
+        fields["data"] = serializers.JSONField(
+            help_text="low-cardinality facts; the acting operator's role as `role`"
+        )
+        return fields

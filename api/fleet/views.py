@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ClassVar
+
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.response import Response
@@ -119,13 +122,11 @@ class EnrollmentTokenView(OperatorAPIView):
 class _WorkerAct(OperatorAPIView):
     """POST with an empty body (or ``{}``): one act on the worker; answers its detail."""
 
-    act = None
+    act: ClassVar[Callable[..., object]]
 
     @extend_schema(request=EmptySerializer, responses={200: s.WorkerDetailSerializer})
     def post(self, request, worker_id):
-        EmptySerializer(data=request.data if request.data is not None else {}).is_valid(
-            raise_exception=True
-        )
+        EmptySerializer(data=request.data if request.data is not None else {}).is_valid(raise_exception=True)
         type(self).act(worker_id=worker_id, actor=self.actor, role=self.role)
         return Response(_detail(worker_id))
 
