@@ -9,7 +9,8 @@ superuser: roles are given through the groups.
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
@@ -17,7 +18,7 @@ from django.utils.html import format_html
 from accounts.models import ApiToken
 from accounts.roles import holds_role
 from actions.tokens import MAX_TTL_SECONDS, api_token_create, api_token_revoke
-from console.admin.base import ActionWritesAdmin, acting_role
+from console.admin.base import ActionWritesAdmin, RefuseUnpermittedActions, acting_role
 from core.errors import DomainError
 
 
@@ -110,10 +111,16 @@ class ApiTokenAdmin(ActionWritesAdmin):
 
 User = get_user_model()
 admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class RoleGroupAdmin(RefuseUnpermittedActions, GroupAdmin):
+    """Django's group admin; the role groups are kept by migrations (``accounts.roles``)."""
 
 
 @admin.register(User)
-class OperatorUserAdmin(UserAdmin):
+class OperatorUserAdmin(RefuseUnpermittedActions, UserAdmin):
     """Django's user admin; only a superuser grants superuser status or single permissions, or
     changes a superuser. Give roles with the groups ``viewer``, ``operator``, ``admin``."""
 

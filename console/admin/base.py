@@ -27,19 +27,16 @@ def acting_role(request) -> str:
     return role_of(request.user)
 
 
-class ModelAdmin(admin.ModelAdmin):
-    """Django's ``ModelAdmin``, except that an action posted with a selected id that is not a
-    valid primary key (``_selected_action=not-a-uuid``) is refused with an error message and
-    nothing done, instead of failing with a 500 when the selection is evaluated; and an action
-    the user lacks the permission for is refused with a message naming it (Django would only
-    say "No action selected")."""
+class RefuseUnpermittedActions:
+    """Mixed into every admin (Django's user and group admins too): an action the user may not
+    take is refused by name before anything runs."""
 
     def changelist_view(self, request, extra_context=None):
         # Django leaves a refused action out of the form and then says nothing useful (or, with
         # no action left at all, ignores the POST): refuse it here, by name, before anything runs.
         name = request.POST.get("action", "") if request.method == "POST" else ""
         declared = {getattr(action, "__name__", action) for action in self.actions or ()}
-        declared |= {name for name, _ in self.admin_site.actions}
+        declared |= {site_action for site_action, _ in self.admin_site.actions}
         if (
             name in declared
             and self.has_view_or_change_permission(request)
@@ -52,6 +49,14 @@ class ModelAdmin(admin.ModelAdmin):
             )
             return HttpResponseRedirect(request.get_full_path())
         return super().changelist_view(request, extra_context)
+
+
+class ModelAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
+    """Django's ``ModelAdmin``, except that an action posted with a selected id that is not a
+    valid primary key (``_selected_action=not-a-uuid``) is refused with an error message and
+    nothing done, instead of failing with a 500 when the selection is evaluated; and an action
+    the user lacks the permission for is refused with a message naming it (Django would only
+    say "No action selected")."""
 
     def response_action(self, request, queryset):
         pk = self.model._meta.pk
