@@ -205,6 +205,9 @@ WHITENOISE_AUTOREFRESH = DEBUG
 # --- operator API tokens (django-rest-knox; docs/operators.md) ---------------------------------
 # Stored as SHA-512 digests in accounts.ApiToken (named, role-scoped); shown once when created.
 KNOX_TOKEN_MODEL = "accounts.ApiToken"
+# knox's own migrations create its default token table even when the model is swapped; with no
+# migrations for knox, nothing of it is created (a swapped model is never synced either).
+MIGRATION_MODULES = {"knox": None}
 REST_KNOX = {
     "AUTH_HEADER_PREFIX": "Token",
     "TOKEN_PREFIX": "qlops_",
