@@ -284,7 +284,8 @@ def watch(
     while pending and time.monotonic() < deadline:
         if supervisor.final_status is not None:
             say(
-                f"BAD the worker stopped (status {supervisor.final_status}) with {len(pending)} sample(s) pending"
+                f"BAD the worker stopped (status {supervisor.final_status}) "
+                f"with {len(pending)} sample(s) pending"
             )
             return False
         for run_id, (name, (state, exit_code)) in list(pending.items()):

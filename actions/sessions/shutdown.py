@@ -1,4 +1,5 @@
-"""Drain and offline: a session stops taking work, then ends (ADR-0012 §5; ``docs/sessions.md`` Drain and offline)."""
+"""Drain and offline: a session stops taking work, then ends (ADR-0012 §5; ``docs/sessions.md`` Drain and
+offline)."""
 
 from __future__ import annotations
 
@@ -102,7 +103,12 @@ def _take_offline(
     if role:
         data["role"] = role
     record(
-        "session.offline", actor_type=actor_type, actor=actor, worker_id=worker.pk, session_id=session.pk, data=data
+        "session.offline",
+        actor_type=actor_type,
+        actor=actor,
+        worker_id=worker.pk,
+        session_id=session.pk,
+        data=data,
     )
     return SessionView(session=session, server_time=now)
 
@@ -139,7 +145,7 @@ def session_operator_offline(
     *, worker_id: uuid.UUID, force: bool = False, actor: str = "", role: str = ""
 ) -> SessionView:
     """Operator: take the worker's live session offline now (admin action, ``manage.py
-    session_offline``; ADR-0012 §5, PRODUCT invariant 12).
+    session_offline``; ADR-0012 §5, docs/sessions.md, Drain and offline).
 
     Arguments: ``worker_id``; ``force`` whether to proceed although the session holds active
     run leases; ``actor`` the operator's username, ``role`` the role it acts under. Without

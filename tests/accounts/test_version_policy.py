@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from actions.sessions.registration import session_register
+from agent.calls import classify
 from agent.client import ApiError
-from agent.runtime import classify
 from audit.models import Event
 from core.errors import DomainError
 from protocol import wire

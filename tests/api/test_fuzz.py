@@ -20,10 +20,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 import schemathesis
 import yaml
+from django.core.signals import request_finished, request_started
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
@@ -71,8 +75,6 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def schema(django_db_blocker):
-    from django.core.wsgi import get_wsgi_application
-
     # Fetching the schema is a WSGI request, whose request_started signal touches the database
     # connection; a module-scoped fixture runs outside any test's database access.
     with django_db_blocker.unblock():
@@ -83,9 +85,6 @@ def schema(django_db_blocker):
 def in_test_transaction():
     """The WSGI handler closes the database connection around each request; inside a test's
     transaction that would end the test's world, so (as Django's test client does) it doesn't."""
-    from django.core.signals import request_finished, request_started
-    from django.db import close_old_connections
-
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
     yield
@@ -129,8 +128,6 @@ def _bind(case, ids: dict) -> None:
 def _target(case) -> str:
     path = case.formatted_path
     if case.query:
-        from urllib.parse import urlencode
-
         return f"{path}?{urlencode(case.query, doseq=True)}"
     return path
 
