@@ -99,7 +99,7 @@ def _take_offline(
         if active
         else 0
     )
-    data = {"generation": session.generation, "forced": force, "settled_leases": settled}
+    data: dict[str, object] = {"generation": session.generation, "forced": force, "settled_leases": settled}
     if role:
         data["role"] = role
     record(
