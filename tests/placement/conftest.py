@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tests.helpers import api_token, operator_user
 from tests.placement.support import OperatorClient
 
