@@ -234,7 +234,7 @@ def test_takeover_storm_is_limited_with_429_an_audit_event_and_nothing_else_writ
     assert limited.get().data == {"limit": 3, "retry_after_s": int(answer["Retry-After"]), "count": 1}
     # a storm of refusals is one audit row per window, counting them (issue 11)
     for _ in range(4):
-        assert api.post(wire.SESSION_REGISTER, register_body(uuid7())).status_code == 429
+        assert api.post(wire.SESSION_REGISTER, register_body()).status_code == 429
     assert limited.count() == 1 and limited.get().data["count"] == 5
 
     # a minute later (moved by the audit rows' own clock) the worker may take over again
