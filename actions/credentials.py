@@ -116,7 +116,7 @@ def credential_rotate(*, worker_id: uuid.UUID, credential_id: str, public_key: s
 
 
 @write_path
-def credential_force_rotation(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
+def credential_force_rotation(*, worker_id: uuid.UUID, actor: str = "", role: str = "") -> Worker:
     """Operator: require the worker to rotate its key within the grace period (ADR-0012 §2).
 
     The active credential becomes ``rotated`` with ``not_after`` = now + ``ROTATION_GRACE_SECONDS``
@@ -127,6 +127,7 @@ def credential_force_rotation(*, worker_id: uuid.UUID, actor: str = "") -> Worke
 
     Locks: the worker row. Writes: the credential, the worker's flag, a
     ``credential.rotation_forced`` event; evicts the credential cache on commit.
+    ``actor``/``role``: the operator and the role the act is audited under.
     Raises: ``worker_not_found``, ``worker_revoked``, ``worker_not_enrolled`` (no active key).
     """
     worker = lock_worker(worker_id)
@@ -152,7 +153,7 @@ def credential_force_rotation(*, worker_id: uuid.UUID, actor: str = "") -> Worke
         actor_type=ActorType.OPERATOR,
         actor=actor,
         worker_id=worker.pk,
-        data={"grace_s": grace},
+        data={"grace_s": grace, "role": role},
     )
     forget_credentials_on_commit(ids)
     worker.refresh_from_db()

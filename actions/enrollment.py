@@ -43,11 +43,11 @@ from workers.models import (
 
 
 @write_path
-def worker_create(*, name: str, description: str = "", actor: str = "") -> Worker:
+def worker_create(*, name: str, description: str = "", actor: str = "", role: str = "") -> Worker:
     """Create a worker record, with no credential yet (ADR-0012 §1: enrollment comes next).
 
     ``name``: a lowercase slug of at most 64 characters, unique; ``description``: free text,
-    cut at 200 characters; ``actor``: the operator's name for the audit trail.
+    cut at 200 characters; ``actor``/``role``: the operator and its role, for the audit trail.
     Writes the worker row and a ``worker.created`` event.
     Raises ``validation_failed`` (field ``name``: not a slug, too long, or taken).
     """
@@ -59,7 +59,9 @@ def worker_create(*, name: str, description: str = "", actor: str = "") -> Worke
     if Worker.objects.filter(name=name).exists():
         raise DomainError("validation_failed", f"a worker named {name!r} exists", field="name")
     worker = Worker.objects.create(name=name, description=description[:200])
-    record("worker.created", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk)
+    record(
+        "worker.created", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk, data={"role": role}
+    )
     return worker
 
 
@@ -73,12 +75,13 @@ class IssuedToken:
 
 @write_path
 def enrollment_token_create(
-    *, worker_id: uuid.UUID, ttl_seconds: int | None = None, user=None
+    *, worker_id: uuid.UUID, ttl_seconds: int | None = None, user=None, role: str = ""
 ) -> IssuedToken:
     """Issue a single-use enrollment token scoped to one worker (ADR-0012 §1, §2 takeover rule).
 
     ``ttl_seconds``: lifetime in seconds, 60 s to 30 days (default
-    ``ENROLLMENT_TOKEN_TTL_SECONDS``, 24 h); ``user``: the operator issuing it, if any. The token
+    ``ENROLLMENT_TOKEN_TTL_SECONDS``, 24 h); ``user``: the operator issuing it, if any, and
+    ``role`` the role it acts under (audited). The token
     (``qlenroll_`` + 256 random bits) exists only in the returned value — show it once; the
     database keeps its SHA-256. Earlier unused tokens of the worker stay valid until they expire.
     Locks: the worker row. Writes: the token row and an ``enrollment.token_issued`` event.
@@ -104,7 +107,7 @@ def enrollment_token_create(
         actor_type=ActorType.OPERATOR,
         actor=getattr(user, "username", ""),
         worker_id=worker.pk,
-        data={"ttl_s": ttl},
+        data={"ttl_s": ttl, "role": role},
     )
     return IssuedToken(token=token, record=issued)
 

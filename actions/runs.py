@@ -1,4 +1,5 @@
-"""Run write paths: enqueue, cancel, retry scheduling (``docs/leases.md`` Cancellation and Lost and retry).
+"""Run write paths: enqueue, cancel, an operator's retry, retry scheduling (``docs/leases.md``
+Cancellation and Lost and retry; ``docs/operators.md``).
 
 
 One public function per write path, each one transaction (``core.db.write_path``).
@@ -52,26 +53,72 @@ def _new_attempt(run: Run, number: int, now: datetime, actor_type: str, actor: s
 
 @write_path
 def run_enqueue(
-    *, revision_id: uuid.UUID, priority: int = 0, actor_type: str = ActorType.OPERATOR, actor: str = ""
+    *,
+    revision_id: uuid.UUID,
+    priority: int = 0,
+    actor_type: str = ActorType.OPERATOR,
+    actor: str = "",
+    role: str = "",
 ) -> Run:
     """Create a run pinned to ``revision_id`` and queue its first attempt (one transaction).
 
     ``priority`` −100…100, higher first. Writes the run (created → queued), attempt 1
     (``claimed``: owned by the queue, awaiting a lease) and the events ``run.created``,
-    ``run.queued``, ``attempt.claimed``. Raises ``revision_not_found``, ``validation_failed``.
+    ``run.queued``, ``attempt.claimed``; ``run.created`` names the operator's ``role``.
+    Raises ``revision_not_found``, ``validation_failed``.
     """
     if not -100 <= priority <= 100:
         raise DomainError("validation_failed", "must be between -100 and 100", field="priority")
     revision = TaskRevision.objects.filter(pk=revision_id).first()
     if revision is None:
         raise DomainError("revision_not_found", "no such task revision", field="revisionId")
+    return _create_run(revision, priority, actor_type=actor_type, actor=actor, data={"role": role})
+
+
+def _create_run(
+    revision: TaskRevision,
+    priority: int,
+    *,
+    actor_type: str,
+    actor: str,
+    data: dict,
+    retry_of: Run | None = None,
+) -> Run:
     now = db_now()
     run = Run.objects.create(
-        task_id=revision.task_id, revision=revision, priority=priority, created_at=now, created_by=actor[:150]
+        task_id=revision.task_id,
+        revision=revision,
+        priority=priority,
+        created_at=now,
+        created_by=actor[:150],
+        retry_of=retry_of,
     )
-    record("run.created", actor_type=actor_type, actor=actor, run_id=run.pk, run_sequence=0)
+    record("run.created", actor_type=actor_type, actor=actor, run_id=run.pk, run_sequence=0, data=data)
     move_run(run, RunState.QUEUED, actor_type=actor_type, actor=actor, attempt_count=1)
     _new_attempt(run, 1, now, actor_type, actor)
+    return run
+
+
+@write_path
+def run_retry(
+    *, run_id: uuid.UUID, actor_type: str = ActorType.OPERATOR, actor: str = "", role: str = ""
+) -> Run:
+    """Operator: run a finished run again, as a new run linked to it (``retry_of``).
+
+    The new run pins the same revision and priority and starts at attempt 1; the old run is not
+    changed. Refused with ``run_not_finished`` while the run is not terminal (it has, or may yet
+    get, a live attempt: cancel it first). Locks: the old run's row (two retries of one run both
+    succeed, one after the other, each a new run). Writes: the new run and its first attempt with
+    their events, and ``run.retried`` on the old run naming the new one's actor and ``role``.
+    Raises ``run_not_found``, ``run_not_finished``.
+    """
+    old = lock_run(run_id)
+    if old.state not in RUN_TERMINAL or RunAttempt.objects.filter(run=old, state__in=ATTEMPT_LIVE).exists():
+        raise DomainError("run_not_finished", f"the run is {old.state}; only a finished run can be retried")
+    run = _create_run(
+        old.revision, old.priority, actor_type=actor_type, actor=actor, data={"role": role}, retry_of=old
+    )
+    record("run.retried", actor_type=actor_type, actor=actor, run_id=old.pk, data={"role": role})
     return run
 
 
@@ -84,7 +131,12 @@ class CancelResult:
 
 @write_path
 def run_cancel(
-    *, run_id: uuid.UUID, reason: str = "", actor_type: str = ActorType.OPERATOR, actor: str = ""
+    *,
+    run_id: uuid.UUID,
+    reason: str = "",
+    actor_type: str = ActorType.OPERATOR,
+    actor: str = "",
+    role: str = "",
 ) -> CancelResult:
     """Record a durable cancellation request for a run (docs/leases.md, Cancellation).
 
@@ -97,6 +149,7 @@ def run_cancel(
     Locks: the run row. Writes (first request only): ``cancel_requested_at`` = DB now, the
     reason, version + 1, ``run.cancel_requested``; for an unleased attempt also attempt and run
     ``cancelled`` with their events (a lapsed, unswept lease of it is released ``cancelled``).
+    ``run.cancel_requested`` names the operator's ``role``.
     Returns the run and ``requested``/``already_requested``/``already_terminal``.
     Raises ``run_not_found``, ``validation_failed`` (reason over 200 characters).
     """
@@ -113,6 +166,7 @@ def run_cancel(
         "run.cancel_requested",
         actor_type=actor_type,
         actor=actor,
+        data={"role": role},
         cancel_requested_at=now,
         cancel_reason=reason,
     )

@@ -130,7 +130,9 @@ def _create_revision(
 
 
 @write_path
-def task_create(*, name: str, spec: RevisionSpec, description: str = "", user=None) -> TaskRevision:
+def task_create(
+    *, name: str, spec: RevisionSpec, description: str = "", user=None, role: str = ""
+) -> TaskRevision:
     """Create a task and its revision 1. ``name`` is a slug (≤100). Returns the revision.
 
     Raises ``validation_failed``/``placement_invalid`` naming the field; ``validation_failed`` on
@@ -148,12 +150,14 @@ def task_create(*, name: str, spec: RevisionSpec, description: str = "", user=No
             raise UniqueRace("task name inserted concurrently") from exc
         raise
     revision = _create_revision(task, spec, placement, 1, user)
-    record("task.created", actor_type=ActorType.OPERATOR, actor=_actor(user), data={"revision": 1})
+    record(
+        "task.created", actor_type=ActorType.OPERATOR, actor=_actor(user), data={"revision": 1, "role": role}
+    )
     return revision
 
 
 @write_path
-def revision_create(*, task_id: uuid.UUID, spec: RevisionSpec, user=None) -> TaskRevision:
+def revision_create(*, task_id: uuid.UUID, spec: RevisionSpec, user=None, role: str = "") -> TaskRevision:
     """Add a new immutable revision to a task; runs enqueued later pin it. Raises as task_create."""
     placement = _validate(spec)
     task = lock_task(task_id)
@@ -162,7 +166,10 @@ def revision_create(*, task_id: uuid.UUID, spec: RevisionSpec, user=None) -> Tas
     latest = task.revisions.order_by("-number").values_list("number", flat=True).first() or 0
     revision = _create_revision(task, spec, placement, latest + 1, user)
     record(
-        "task.revised", actor_type=ActorType.OPERATOR, actor=_actor(user), data={"revision": revision.number}
+        "task.revised",
+        actor_type=ActorType.OPERATOR,
+        actor=_actor(user),
+        data={"revision": revision.number, "role": role},
     )
     return revision
 

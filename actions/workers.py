@@ -1,6 +1,8 @@
 """Operator acts on a worker: revoke, drain, undrain (ADR-0012 §1, §5; ``docs/sessions.md``).
 
 Revocation kills credentials, fences the live session and settles its leases in one transaction.
+Every act takes the acting operator's name (``actor``) and role (``role``, ``accounts.roles``)
+for its audit row; the interface has checked the permission (``docs/operators.md``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from workers.models import (
 
 
 @write_path
-def worker_revoke(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
+def worker_revoke(*, worker_id: uuid.UUID, actor: str = "", role: str = "") -> Worker:
     """Operator: revoke a worker for good (ADR-0012 §1, docs/transport.md §5).
 
     In one transaction: worker → revoked, every credential revoked, the live session fenced,
@@ -61,14 +63,14 @@ def worker_revoke(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
         actor_type=ActorType.OPERATOR,
         actor=actor,
         worker_id=worker.pk,
-        data={"credentials": len(ids)},
+        data={"credentials": len(ids), "role": role},
     )
     forget_credentials_on_commit(ids)
     return worker
 
 
 @write_path
-def worker_drain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
+def worker_drain(*, worker_id: uuid.UUID, actor: str = "", role: str = "") -> Worker:
     """Operator drain: the worker takes no new runs, now and across restarts, until undrained.
 
     Its live online session turns ``draining`` (capacity 0, version + 1) in the same
@@ -95,13 +97,15 @@ def worker_drain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
             session_id=session.pk,
             data={"generation": session.generation, "by": "operator"},
         )
-    record("worker.drained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk)
+    record(
+        "worker.drained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk, data={"role": role}
+    )
     worker.refresh_from_db()
     return worker
 
 
 @write_path
-def worker_undrain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
+def worker_undrain(*, worker_id: uuid.UUID, actor: str = "", role: str = "") -> Worker:
     """Operator: end an operator drain (ADR-0012 §5). A session the operator drained returns to
     ``online`` (capacity 0 until its next heartbeat reports slots, version + 1); a worker's own
     shutdown drain stays. Locks: the worker row. Writes: the worker, its session,
@@ -127,6 +131,12 @@ def worker_undrain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
             session_id=session.pk,
             data={"generation": session.generation},
         )
-    record("worker.undrained", actor_type=ActorType.OPERATOR, actor=actor, worker_id=worker.pk)
+    record(
+        "worker.undrained",
+        actor_type=ActorType.OPERATOR,
+        actor=actor,
+        worker_id=worker.pk,
+        data={"role": role},
+    )
     worker.refresh_from_db()
     return worker

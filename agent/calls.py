@@ -3,9 +3,9 @@
 * No answer, a 429/503, or a code whose worker action is ``retry`` is retried with full-jitter
   exponential backoff (tenacity), never sooner than a ``Retry-After``, for as long as the
   caller's patience allows; every try is signed afresh (new nonce, new time).
-* A code whose action is ``restart`` (the session is fenced) or ``stop`` (the credential is
-  refused) becomes a :class:`Stop` for the whole agent: exit ``EXIT_FENCED`` (3) or
-  ``EXIT_CREDENTIAL_REFUSED`` (4).
+* A code whose action is ``restart`` (the session is fenced), ``stop`` (the credential is
+  refused) or ``upgrade`` (the agent's version is refused) becomes a :class:`Stop` for the whole
+  agent: exit ``EXIT_FENCED`` (3), ``EXIT_CREDENTIAL_REFUSED`` (4) or ``EXIT_AGENT_OUTDATED`` (6).
 * Any other refusal is the caller's to handle (an :class:`~agent.client.ApiError`).
 
 The code sets come from the catalogue in ``protocol.errors`` (``docs/errors.md``).
@@ -40,6 +40,8 @@ log = logging.getLogger("qinglong.agent")
 FENCED_CODES = codes_with(WorkerAction.RESTART)
 #: Answers that refuse the credential: exit and do not restart in a loop.
 REFUSED_CODES = codes_with(WorkerAction.STOP)
+#: Answers that refuse this agent's version: exit and be upgraded, not restarted.
+UPGRADE_CODES = codes_with(WorkerAction.UPGRADE)
 #: Lease answers after which the attempt is no longer ours: kill the process, report nothing.
 LEASE_LOST_CODES = codes_with(WorkerAction.ABANDON_ATTEMPT)
 #: Codes retried like a missing answer (besides any 429/503 status).
@@ -103,6 +105,12 @@ def classify(exc: ApiError) -> Stop | None:
             f"credential refused by the control plane ({exc.code}: {exc.message}); this machine must be "
             "re-enrolled with a new token (qinglong-worker enroll); exiting with status "
             f"{wire.EXIT_CREDENTIAL_REFUSED}: do not restart it in a loop",
+        )
+    if exc.code in UPGRADE_CODES:
+        return Stop(
+            wire.EXIT_AGENT_OUTDATED,
+            f"the control plane refuses this agent version ({exc.code}: {exc.message}); upgrade it; "
+            f"exiting with status {wire.EXIT_AGENT_OUTDATED}: do not restart it in a loop",
         )
     return None
 

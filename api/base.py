@@ -4,8 +4,9 @@ Worker views (``WorkerAPIView``) authenticate only by RFC 9421 signature, are ra
 principal, and refuse a body or path worker id or session id that belongs to another worker
 *before any repository access* (ADR-0012 §1) — the check runs in ``initial()``, right after
 authentication and before the handler, on cached facts only when the caches are warm.
-Operator views (``OperatorAPIView``) take staff token or session authentication and refuse any
-request carrying a worker signature, so a worker credential can never reach them.
+Operator views (``OperatorAPIView``) take API token or console session authentication, refuse
+any request carrying a worker signature (a worker credential can never reach them), and check
+the permission each method names (:class:`OperatorPermission`; ``docs/operators.md``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from __future__ import annotations
 import uuid
 from typing import cast
 
+from django.utils import timezone
+from knox.auth import TokenAuthentication as KnoxTokenAuthentication
 from rest_framework import serializers
-from rest_framework.authentication import BaseAuthentication, SessionAuthentication, TokenAuthentication
-from rest_framework.permissions import BasePermission, IsAdminUser
+from rest_framework.authentication import BaseAuthentication, SessionAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.permissions import BasePermission
 from rest_framework.views import APIView
 
+from accounts.models import ApiToken
+from accounts.roles import role_of, token_allows
 from api.auth import WorkerSignatureAuthentication
 from api.ratelimit import enforce
 from core.conf import protocol
@@ -42,6 +48,10 @@ class StrictSerializer(serializers.Serializer):
             if unknown:
                 raise serializers.ValidationError({unknown[0]: ["unknown field"]})
         return super().to_internal_value(data)
+
+
+class EmptySerializer(StrictSerializer):
+    """No fields: the act needs none (an empty body or ``{}``; any key is refused by name)."""
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -199,11 +209,74 @@ class RefuseWorkerSignature(BaseAuthentication):
         return 'Token realm="qinglong-operator"'
 
 
-class OperatorAPIView(APIView):
-    """Base for operator endpoints: staff users by token (``Authorization: Token …``) or session."""
+class ApiTokenAuthentication(KnoxTokenAuthentication):
+    """``Authorization: Token qlops_…``: django-rest-knox's digest lookup (constant-time compare)
+    over ``accounts.ApiToken``. Unlike knox, an expired token is refused without deleting rows
+    on a read request; revocation deletes it (``actions.tokens.api_token_revoke``)."""
 
-    authentication_classes = [RefuseWorkerSignature, TokenAuthentication, SessionAuthentication]
-    permission_classes = [IsAdminUser]
+    def authenticate_credentials(self, token: bytes):
+        try:
+            token.decode("utf-8")
+        except UnicodeDecodeError:
+            raise AuthenticationFailed("Invalid token.") from None  # knox would answer a 500
+        return super().authenticate_credentials(token)
+
+    def _cleanup_token(self, auth_token) -> bool:
+        return auth_token.expiry is not None and auth_token.expiry <= timezone.now()
+
+
+class OperatorPermission(BasePermission):
+    """The permission a view's ``permissions`` names for the request's method (GET also serves
+    HEAD and OPTIONS): the user must hold it (a superuser holds all), and a request made with an
+    API token only what the token's role grants too. A method the view names no permission for
+    is refused: nothing is open by default. No staff check: roles decide (``accounts.roles``)."""
+
+    message = "permission denied"
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        if user is None or not user.is_authenticated:
+            return False  # DRF answers 401 not_authenticated
+        needed = required_permission(view, request.method)
+        if needed is None:
+            self.message = f"{request.method} is not permitted here"
+            return False
+        if not user.is_active or not user.has_perm(needed):
+            self.message = f"needs the {needed} permission"
+            return False
+        if isinstance(request.auth, ApiToken) and not token_allows(request.auth.role, needed):
+            self.message = f"needs the {needed} permission, beyond this token's role {request.auth.role}"
+            return False
+        return True
+
+
+def required_permission(view, method: str) -> str | None:
+    """The ``app_label.codename`` a view's ``permissions`` map names for ``method``."""
+    permissions: dict[str, str] = getattr(view, "permissions", {})
+    if method in ("HEAD", "OPTIONS"):
+        method = "GET"
+    return permissions.get(method)
+
+
+class OperatorAPIView(APIView):
+    """Base for operator endpoints: users by API token (``Authorization: Token …``) or console
+    session; each subclass names the permission of each method in ``permissions``
+    (``{"GET": "workers.view_worker", "POST": "workers.drain_worker"}``)."""
+
+    authentication_classes = [RefuseWorkerSignature, ApiTokenAuthentication, SessionAuthentication]
+    permission_classes = [OperatorPermission]
+    permissions: dict[str, str] = {}
     error_table = "operator"  # the error answers api.schema documents
     max_body_bytes = 96 * 1024
     max_json_depth = 8
+
+    @property
+    def actor(self) -> str:
+        """The acting user's name, for the audit trail."""
+        return self.request.user.get_username()
+
+    @property
+    def role(self) -> str:
+        """The role the act is audited under (``accounts.roles.role_of``)."""
+        token = self.request.auth if isinstance(self.request.auth, ApiToken) else None
+        return role_of(self.request.user, token.role if token else None)

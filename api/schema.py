@@ -63,10 +63,10 @@ ENROLL_ERRORS = {
 }
 OPERATOR_ERRORS = {
     **_COMMON,
-    "401": "no staff token or session",
-    "403": "not staff, or a worker signature (worker credentials never reach operator endpoints)",
-    "404": "no such task, revision or run",
-    "409": "the run cannot make this transition now",
+    "401": "no API token or console session, or the token is unknown, expired or revoked",
+    "403": "the user or the token's role lacks the permission (named in `message`), or a worker signature",
+    "404": "no such task, revision, run, worker or session",
+    "409": "the run or worker cannot make this transition now (for example retrying a live run)",
     "422": "the placement spec breaks its schema",
 }
 ERROR_TABLES = {"worker": WORKER_ERRORS, "enroll": ENROLL_ERRORS, "operator": OPERATOR_ERRORS}
@@ -135,6 +135,24 @@ class WorkerSignatureScheme(OpenApiAuthenticationExtension):
                 "description": "RFC 9530 `sha-256=:<base64>:` of the exact body bytes.",
             },
         ]
+
+
+class ApiTokenScheme(OpenApiAuthenticationExtension):
+    """Operator API tokens (django-rest-knox, digest-only storage): ``Authorization: Token qlops_…``."""
+
+    target_class = "api.base.ApiTokenAuthentication"
+    name = "apiToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": (
+                "`Token <token>`: an operator API token (named, role-scoped, expiring; shown once when "
+                "created; docs/operators.md)."
+            ),
+        }
 
 
 class RefuseWorkerSignatureScheme(OpenApiAuthenticationExtension):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from .models import ActorType, Event
@@ -55,3 +56,32 @@ def record(
         run_sequence=run_sequence,
         data=data,
     )
+
+
+def record_aggregated(
+    kind: str,
+    *,
+    now,
+    window_seconds: int,
+    actor_type: ActorType | str,
+    worker_id: uuid.UUID,
+    data: dict[str, Any] | None = None,
+) -> Event:
+    """Count a refusal that can flood (a registration storm) in one row per worker per window.
+
+    The first ``kind`` event of ``worker_id`` in the last ``window_seconds`` (database time
+    ``now``) is written with ``data`` and ``count`` 1; later ones in the window only raise its
+    ``count`` (and refresh ``data``). The caller holds the worker's row lock, so two refusals of
+    one worker never race on the row. Raises ValueError like :func:`record`.
+    """
+    data = dict(data or {})
+    _check(data)
+    since = now - timedelta(seconds=window_seconds)
+    current = (
+        Event.objects.filter(worker_id=worker_id, kind=kind, created_at__gt=since).order_by("-id").first()
+    )
+    if current is None:
+        return record(kind, actor_type=actor_type, worker_id=worker_id, data={**data, "count": 1})
+    current.data = {**data, "count": int(current.data.get("count", 1)) + 1}
+    current.save(update_fields=["data"])
+    return current

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from importlib.metadata import PackageNotFoundError, version
 from urllib.parse import urlencode
 
 from django.db.models import Count, Q, Subquery, Sum
@@ -25,19 +24,12 @@ from runs.models import Run, RunAttempt
 from runs.states import AttemptState, RunState
 from workers.models import LIVE_SESSION_STATES, WorkerSession
 from workers.selectors import LIVE_STATES, fleet_counts
+from workers.versions import outdated_live_workers
 
 #: Waiting attempts (from the head of the dispatch queue) whose reasons the dashboard tallies.
 REASON_WINDOW = 500
 FAILURE_KINDS = ("attempt.failed", "attempt.timed_out")
 LOST_KINDS = ("attempt.lost",)
-
-
-def expected_agent_version() -> str:
-    """The ``softwareVersion`` an up-to-date agent reports: ``qinglong-worker/<package version>``."""
-    try:
-        return f"qinglong-worker/{version('qinglong-control-plane')}"
-    except PackageNotFoundError:  # a source tree that was never installed
-        return ""
 
 
 @dataclass
@@ -88,20 +80,15 @@ def build(*, now: datetime) -> Dashboard:
         board.workers.append(Figure(state, fleet[state], _url(workers_url, live=state), tone=tone))
 
     live = WorkerSession.objects.filter(state__in=LIVE_SESSION_STATES, lease_expires_at__gt=now)
-    expected = expected_agent_version()
-    totals = live.aggregate(
-        slots=Sum("max_concurrent_runs"),
-        outdated=Count("pk", filter=~Q(software_version=expected))
-        if expected
-        else Count("pk", filter=Q(pk=None)),
-    )
+    totals = live.aggregate(slots=Sum("max_concurrent_runs"))
+    outdated = len(outdated_live_workers(now=now))
     board.workers.append(
         Figure(
             "outdated",
-            totals["outdated"],
+            outdated,
             _url(workers_url, live="outdated"),
-            hint=f"live, not {expected}" if expected else "",
-            tone="warn" if totals["outdated"] else "",
+            hint="live agents the version policy refuses",
+            tone="warn" if outdated else "",
         )
     )
     used = RunDispatchLease.objects.filter(state=LeaseState.LEASED).count()

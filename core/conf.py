@@ -33,6 +33,8 @@ class ProtocolSettings:
     rate_enroll: str
     rate_auth_failures: str
     sweep_batch: int
+    min_agent_version: str
+    supported_protocol_versions: tuple[int, ...]
 
 
 def protocol() -> ProtocolSettings:

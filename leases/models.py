@@ -34,10 +34,10 @@ class ReleaseReason(models.TextChoices):
 
 class RunDispatchLease(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    attempt = models.ForeignKey("runs.RunAttempt", on_delete=models.CASCADE, related_name="leases")
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="leases")
-    worker = models.ForeignKey("workers.Worker", on_delete=models.CASCADE, related_name="leases")
-    session = models.ForeignKey("workers.WorkerSession", on_delete=models.CASCADE, related_name="leases")
+    attempt = models.ForeignKey("runs.RunAttempt", on_delete=models.PROTECT, related_name="leases")
+    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="leases")
+    worker = models.ForeignKey("workers.Worker", on_delete=models.PROTECT, related_name="leases")
+    session = models.ForeignKey("workers.WorkerSession", on_delete=models.PROTECT, related_name="leases")
     session_generation = models.PositiveBigIntegerField(editable=False)
     lease_generation = models.PositiveIntegerField(editable=False)
     offer_id = models.UUIDField(editable=False)

@@ -23,6 +23,7 @@ class WorkerAction(StrEnum):
     ABANDON_ATTEMPT = "abandon_attempt"
     RESTART = "restart"
     STOP = "stop"
+    UPGRADE = "upgrade"
     FIX_REQUEST = "fix_request"
     NONE = "none"
 
@@ -40,6 +41,8 @@ ACTION_MEANINGS: dict[WorkerAction, str] = {
     "a new process registers a new session.",
     WorkerAction.STOP: "the credential is refused: stop every attempt and exit with status 4 "
     "(`EXIT_CREDENTIAL_REFUSED`); re-enroll, do not restart in a loop.",
+    WorkerAction.UPGRADE: "the control plane's version policy refuses this agent: stop and exit with "
+    "status 6 (`EXIT_AGENT_OUTDATED`); upgrade the agent, do not restart it in a loop.",
     WorkerAction.FIX_REQUEST: "the request is wrong as sent (or asks for what cannot be): do not send it "
     "again unchanged; the session carries on.",
     WorkerAction.NONE: "not an answer to worker calls (operator and run endpoints).",
@@ -152,9 +155,16 @@ CATALOGUE: dict[str, ErrorSpec] = {
         403, "Worker credentials cannot reach operator endpoints.", WorkerAction.FIX_REQUEST
     ),
     "not_authenticated": ErrorSpec(
-        401, "Operator endpoints need staff session or token authentication.", WorkerAction.NONE
+        401,
+        "Operator endpoints need an API token (`Authorization: Token …`) or a console session.",
+        WorkerAction.NONE,
     ),
-    "permission_denied": ErrorSpec(403, "The authenticated user is not staff.", WorkerAction.NONE),
+    "permission_denied": ErrorSpec(
+        403,
+        "The user, or the role its API token is scoped to, lacks the permission this act needs "
+        "(`message` names it; docs/operators.md).",
+        WorkerAction.NONE,
+    ),
     "enrollment_token_invalid": ErrorSpec(
         401, "The enrollment token is unknown or belongs to another worker.", WorkerAction.FIX_REQUEST
     ),
@@ -198,6 +208,12 @@ CATALOGUE: dict[str, ErrorSpec] = {
         429, "Too many session replacements for this worker this minute.", WorkerAction.RETRY
     ),
     "session_id_invalid": ErrorSpec(400, "The session id is not a UUIDv7.", WorkerAction.FIX_REQUEST),
+    "agent_version_unsupported": ErrorSpec(
+        403,
+        "The agent's software version is below the minimum, or its protocol version is not supported "
+        "(`details` gives the policy): the agent must be upgraded, not restarted.",
+        WorkerAction.UPGRADE,
+    ),
     "slots_exceed_maximum": ErrorSpec(
         422, "availableSlots is above maxConcurrentRuns.", WorkerAction.FIX_REQUEST
     ),
@@ -265,6 +281,9 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "revision_not_found": ErrorSpec(404, "No such task revision.", WorkerAction.NONE),
     "run_not_found": ErrorSpec(404, "No such run.", WorkerAction.NONE),
     "worker_not_found": ErrorSpec(404, "No such worker.", WorkerAction.NONE),
+    "run_not_finished": ErrorSpec(
+        409, "Only a finished run can be retried; this one still has a live attempt.", WorkerAction.NONE
+    ),
     "invalid_run_transition": ErrorSpec(
         409, "The run cannot move from its state to the requested one.", WorkerAction.NONE
     ),

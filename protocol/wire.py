@@ -37,3 +37,6 @@ EXIT_FENCED = 3
 EXIT_CREDENTIAL_REFUSED = 4
 #: Exit status when a drain timed out or the final offline call failed (ADR-0012 §5.6).
 EXIT_SHUTDOWN_FAILED = 5
+#: Exit status when registration is refused with `agent_version_unsupported`: the control plane's
+#: version policy refuses this agent; upgrade it, do not restart it in a loop.
+EXIT_AGENT_OUTDATED = 6

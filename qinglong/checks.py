@@ -5,11 +5,13 @@ locks, one database clock) and on a shared cache (Redis) for replay nonces, rate
 credential cache. SQLite or a per-process cache there would silently break fencing, so Django
 refuses to start. The standalone profile refuses nothing: it is one process by definition.
 
-Both profiles: the session lease must outlive the heartbeat cadence (``check_session_timings``).
+Both profiles: the session lease must outlive the heartbeat cadence (``check_session_timings``),
+and the agent version policy must be usable (``check_agent_version_policy``).
 """
 
 import math
 
+import nodesemver
 from django.conf import settings
 from django.core import checks
 
@@ -81,6 +83,32 @@ def check_session_timings(app_configs, **kwargs):
                 hint=f"Use QINGLONG_SESSION_LEASE_SECONDS ≥ {math.ceil(2 * (interval * (1 + jitter) + 1))} "
                 "or a shorter QINGLONG_HEARTBEAT_INTERVAL_SECONDS.",
                 id="qinglong.E003",
+            )
+        )
+    return errors
+
+
+@checks.register()
+def check_agent_version_policy(app_configs, **kwargs):
+    """The agent version policy (docs/operators.md) must be usable: ``MIN_AGENT_VERSION`` empty or
+    a full semver, ``SUPPORTED_PROTOCOL_VERSIONS`` non-empty (``qinglong.E004``); otherwise every
+    registration would fail."""
+    policy = protocol()
+    errors = []
+    if policy.min_agent_version and nodesemver.valid(policy.min_agent_version, loose=False) is None:
+        errors.append(
+            checks.Error(
+                f"QINGLONG_MIN_AGENT_VERSION={policy.min_agent_version!r} is not a semantic version",
+                hint="Use a full version such as 0.2.0, or leave it empty for no minimum.",
+                id="qinglong.E004",
+            )
+        )
+    if not policy.supported_protocol_versions:
+        errors.append(
+            checks.Error(
+                "QINGLONG_SUPPORTED_PROTOCOL_VERSIONS is empty: no agent could register",
+                hint="List the protocol versions agents may speak, e.g. 1.",
+                id="qinglong.E004",
             )
         )
     return errors

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -60,7 +61,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
     "django_ratelimit",
     "qinglong",
@@ -69,6 +70,7 @@ INSTALLED_APPS = [
     "runs",
     "placement",
     "leases",
+    "accounts",
     "console",
 ]
 
@@ -202,13 +204,26 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
+# --- operator API tokens (django-rest-knox; docs/operators.md) ---------------------------------
+# Stored as SHA-512 digests in accounts.ApiToken (named, role-scoped); shown once when created.
+KNOX_TOKEN_MODEL = "accounts.ApiToken"
+# knox's own migrations create its default token table even when the model is swapped; with no
+# migrations for knox, nothing of it is created (a swapped model is never synced either).
+MIGRATION_MODULES = {"knox": None}
+REST_KNOX = {
+    "AUTH_HEADER_PREFIX": "Token",
+    "TOKEN_PREFIX": "qlops_",
+    "TOKEN_TTL": timedelta(days=env.int("QINGLONG_API_TOKEN_TTL_DAYS", default=30)),
+    "AUTO_REFRESH": False,
+}
+
 # --- REST framework ------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # Nothing is open by default: every view names its authentication and permission.
     "DEFAULT_AUTHENTICATION_CLASSES": [],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_PERMISSION_CLASSES": ["api.permissions.DenyAll"],
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "api.exceptions.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "api.schema.AutoSchema",
@@ -264,6 +279,13 @@ QINGLONG = {
     # Failed worker authentications per client address (forged, stale, replayed, unknown key).
     "RATE_AUTH_FAILURES": env.str("QINGLONG_RATE_AUTH_FAILURES", default="120/m"),
     "SWEEP_BATCH": env.int("QINGLONG_SWEEP_BATCH", default=64),
+    # Agent version policy (docs/operators.md "Upgrades"): a registration from an agent older
+    # than this semver, or speaking a protocol version not listed, is refused with
+    # `agent_version_unsupported` and the agent exits for good (status 6). "" = no minimum.
+    "MIN_AGENT_VERSION": env.str("QINGLONG_MIN_AGENT_VERSION", default=""),
+    "SUPPORTED_PROTOCOL_VERSIONS": tuple(
+        env.list("QINGLONG_SUPPORTED_PROTOCOL_VERSIONS", cast=int, default=[1])
+    ),
 }
 
 LOGGING = {

@@ -1,4 +1,4 @@
-"""URL map. Worker API: /api/v1/worker/ (signed). Operator API: /api/v1/ops/ (staff token).
+"""URL map. Worker API: /api/v1/worker/ (signed). Operator API: /api/v1/ops/ (API token or session).
 OpenAPI 3 schema: /api/v1/schema (YAML by default, ``?format=json`` for JSON; committed as
 docs/openapi.yaml). Unknown /api/ paths answer the JSON error body (404 ``not_found``), and so
 does a request Django refuses before routing (400 ``host_not_allowed``)."""
@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/v1/worker/", include("api.leases.urls")),
     path("api/v1/ops/", include("api.runs.urls")),
     path("api/v1/ops/", include("api.placement.urls")),
+    path("api/v1/ops/", include("api.fleet.urls")),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
 ]
 

@@ -28,6 +28,7 @@ class Task(models.Model):
 
     class Meta:
         ordering = ["name"]
+        permissions = [("run_task", "Can run a task now")]
 
     def __str__(self) -> str:
         return self.name
@@ -107,12 +108,17 @@ class Run(models.Model):
     placement_summary = models.JSONField(null=True, blank=True, editable=False)
     placement_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_by = models.CharField(max_length=150, blank=True, default="", editable=False)
+    #: The finished run this one retries (an operator's retry, ``actions.runs.run_retry``).
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="retries", editable=False
+    )
     created_at = models.DateTimeField(editable=False)
     started_at = models.DateTimeField(null=True, blank=True, editable=False)
     finished_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [("cancel_run", "Can cancel a run"), ("retry_run", "Can retry a finished run")]
         constraints = [
             models.CheckConstraint(condition=Q(state__in=RunState.values), name="run_state_valid"),
             models.CheckConstraint(
@@ -158,7 +164,8 @@ class Run(models.Model):
 
 class RunAttempt(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    #: PROTECT here and on ``worker``: deleting a run or a worker never strands or erases an attempt.
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="attempts")
     number = models.PositiveSmallIntegerField(editable=False)
     state = models.CharField(
         max_length=16, choices=AttemptState.choices, default=AttemptState.CLAIMED, editable=False
@@ -174,7 +181,7 @@ class RunAttempt(models.Model):
     lease_generation = models.PositiveIntegerField(default=0, editable=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     worker = models.ForeignKey(
-        "workers.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts"
+        "workers.Worker", null=True, blank=True, on_delete=models.PROTECT, related_name="attempts"
     )
     session_id = models.UUIDField(null=True, blank=True, editable=False)
     # Executor facts reported by the worker (the running ACK) and the outcome.

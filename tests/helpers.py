@@ -6,14 +6,20 @@ from __future__ import annotations
 import secrets
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
 
+from accounts.models import ApiToken
+from accounts.roles import ROLE_PERMISSIONS, sync_role_groups
 from actions.enrollment import enrollment_token_create, worker_create, worker_enroll
 from actions.runs import run_enqueue
 from actions.sessions.registration import session_register
 from actions.tasks import task_create
+from actions.tokens import api_token_create
 from audit.models import Event
 from leases.models import RunDispatchLease
 from protocol import capabilities as caps
@@ -184,6 +190,39 @@ class SignedClient:
         return self.client.generic(
             "POST", path, raw, content_type="application/json", headers={**signed, **(headers or {})}
         )
+
+
+# --- operators: roles and API tokens ------------------------------------------------------------
+
+
+def ensure_role_groups() -> None:
+    """The role groups as the migrations create them (a transactional test's flush empties them)."""
+    if Group.objects.filter(name__in=ROLE_PERMISSIONS).count() != len(ROLE_PERMISSIONS):
+        sync_role_groups(Group, Permission, ROLE_PERMISSIONS)
+
+
+def operator_user(username: str, *, role: str | None = None, superuser: bool = False, staff: bool = True):
+    """A console user: staff, in the group of ``role`` (viewer, operator, admin) if given."""
+    user = get_user_model().objects.create_user(
+        username, password="correct horse battery", is_staff=staff, is_superuser=superuser
+    )
+    if role is not None:
+        ensure_role_groups()
+        user.groups.add(Group.objects.get(name=role))
+    return user
+
+
+def api_token(user, *, role: str = "admin", check: bool = True) -> str:
+    """An API token for ``user`` scoped to ``role``; ``check=False`` skips the action's rule that
+    the user holds the role (to test that the user's own permissions still apply)."""
+    if check:
+        return api_token_create(user=user, name="test", role=role, ttl_seconds=3600).token
+    return ApiToken.objects.create(user=user, expiry=timedelta(hours=1), name="test", role=role)[1]
+
+
+def operator_headers(username: str = "ops", *, role: str = "admin") -> dict[str, str]:
+    """``Authorization`` headers of a new user in ``role`` with a token of that role."""
+    return {"Authorization": f"Token {api_token(operator_user(username, role=role), role=role)}"}
 
 
 def signed_headers(worker: Enrolled, path: str, raw: bytes, **kwargs: Any) -> dict[str, str]:

@@ -38,6 +38,14 @@ class Worker(models.Model):
 
     class Meta:
         ordering = ["name"]
+        # The operator acts on a worker (docs/operators.md); ``accounts.roles`` grants them.
+        permissions = [
+            ("issue_enrollment_token", "Can issue an enrollment token (re-enrolls the worker)"),
+            ("drain_worker", "Can drain and undrain a worker"),
+            ("revoke_worker", "Can revoke a worker"),
+            ("rotate_worker_credential", "Can force a worker's key rotation"),
+            ("force_offline_worker", "Can force a worker's session offline"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(state__in=WorkerState.values), name="worker_state_valid"),
             models.CheckConstraint(
@@ -133,7 +141,9 @@ LIVE_SESSION_STATES = (SessionState.ONLINE, SessionState.DRAINING)
 
 class WorkerSession(models.Model):
     id = models.UUIDField(primary_key=True, editable=False, help_text="worker-generated UUIDv7")
-    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="sessions")
+    #: PROTECT: a session row outlives any wish to delete its worker (its leases and attempts
+    #: point at it); a worker is revoked, never deleted once it has registered.
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="sessions")
     generation = models.PositiveBigIntegerField(editable=False)
     version = models.PositiveBigIntegerField(editable=False)
     state = models.CharField(max_length=16, choices=SessionState.choices, editable=False)

@@ -35,6 +35,7 @@ SESSION_COLUMNS = (
     "max_concurrent_runs",
     "available_slots",
     "software_version",
+    "protocol_version",
 )
 
 

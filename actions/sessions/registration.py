@@ -1,5 +1,5 @@
 """Session registration: a process start registers, replays or is refused (ADR-0012 §2, §3, §6;
-``docs/sessions.md``)."""
+``docs/sessions.md``; the agent version policy: ``workers.versions``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.db.models import Count, Min
 
 from actions.sessions.endings import expire_session, fence_live_session
 from audit.models import ActorType, Event
-from audit.recorder import record
+from audit.recorder import record, record_aggregated
 from core.conf import protocol
 from core.db import Refusal, UniqueRace, db_now, is_unique_violation, write_path
 from core.errors import DomainError
@@ -27,6 +27,7 @@ from workers.sessions import (
     registration_sha256,
     session_lease_ttl,
 )
+from workers.versions import version_verdict
 
 #: The window the takeover limit counts replacements in (ADR-0012 §2, rejected alternative 6).
 TAKEOVER_WINDOW = timedelta(minutes=1)
@@ -44,8 +45,11 @@ def _takeover_refusal(worker: Worker, now: datetime) -> Refusal | None:
     # Retry once the oldest counted replacement leaves the window.
     wait = (window["oldest"] + TAKEOVER_WINDOW - now).total_seconds()
     retry_after = min(60, max(1, math.ceil(wait)))
-    record(
+    # A storm of refused takeovers is one audit row per worker per window, with a count.
+    record_aggregated(
         "session.takeover_limited",
+        now=now,
+        window_seconds=int(TAKEOVER_WINDOW.total_seconds()),
         actor_type=ActorType.WORKER,
         worker_id=worker.pk,
         data={"limit": limit, "retry_after_s": retry_after},
@@ -56,6 +60,35 @@ def _takeover_refusal(worker: Worker, now: datetime) -> Refusal | None:
             f"this worker's session was replaced {window['count']} times in the last minute (limit {limit})",
             retry_after=retry_after,
             details={"limit": limit},
+        )
+    )
+
+
+def _version_refusal(worker: Worker, now: datetime, software_version: str, protocol_version: int):
+    """The agent version policy (``workers.versions``): an outdated agent is refused for good.
+    Refusals are counted in one audit row per worker per window (an agent looping under a
+    misconfigured supervisor must not flood the log)."""
+    verdict = version_verdict(software_version, protocol_version)
+    if not verdict.refused:
+        return None
+    record_aggregated(
+        "session.version_refused",
+        now=now,
+        window_seconds=int(TAKEOVER_WINDOW.total_seconds()),
+        actor_type=ActorType.WORKER,
+        worker_id=worker.pk,
+        data={"status": verdict.status, "protocol": protocol_version},
+    )
+    return Refusal(
+        DomainError(
+            "agent_version_unsupported",
+            f"agent {software_version!r} (protocol {protocol_version}) does not meet the policy: minimum "
+            f"{verdict.minimum or 'none'}, protocols {list(verdict.supported_protocols)}; upgrade the agent",
+            field="softwareVersion",
+            details={
+                "minimumAgentVersion": verdict.minimum,
+                "supportedProtocolVersions": list(verdict.supported_protocols),
+            },
         )
     )
 
@@ -131,7 +164,9 @@ def session_register(
     Raises: ``session_id_invalid``, ``validation_failed``, ``slots_exceed_maximum``,
     ``worker_not_found``, ``worker_revoked``, ``session_superseded``/``session_offline``/
     ``session_expired`` (a replay of an ended session), ``session_replay_conflict``,
-    ``session_takeover_limited``, ``storage_busy``, ``lock_timeout``.
+    ``session_takeover_limited``, ``agent_version_unsupported`` (below ``MIN_AGENT_VERSION`` or
+    an unsupported protocol: ``workers.versions``; audited once per worker per minute with a
+    count), ``storage_busy``, ``lock_timeout``.
     """
     if not is_uuid7(session_id):
         raise DomainError("session_id_invalid", "the session id must be a UUIDv7", field="sessionId")
@@ -140,6 +175,9 @@ def session_register(
     if worker.state == WorkerState.REVOKED:
         raise DomainError("worker_revoked", "the worker is revoked")
     now = db_now()
+    refused = _version_refusal(worker, now, software_version, protocol_version)
+    if refused is not None:
+        return refused
     digest = registration_sha256(
         capabilities_sha256=capabilities.sha256,
         max_concurrent_runs=max_concurrent_runs,

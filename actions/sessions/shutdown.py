@@ -69,7 +69,14 @@ def session_drain(
 
 
 def _take_offline(
-    worker: Worker, session: WorkerSession, *, now: datetime, force: bool, actor_type: str, actor: str
+    worker: Worker,
+    session: WorkerSession,
+    *,
+    now: datetime,
+    force: bool,
+    actor_type: str,
+    actor: str,
+    role: str = "",
 ) -> SessionView:
     """End a live session ``offline`` (caller holds the worker lock and fenced the session)."""
 
@@ -92,13 +99,16 @@ def _take_offline(
         if active
         else 0
     )
+    data: dict[str, object] = {"generation": session.generation, "forced": force, "settled_leases": settled}
+    if role:
+        data["role"] = role
     record(
         "session.offline",
         actor_type=actor_type,
         actor=actor,
         worker_id=worker.pk,
         session_id=session.pk,
-        data={"generation": session.generation, "forced": force, "settled_leases": settled},
+        data=data,
     )
     return SessionView(session=session, server_time=now)
 
@@ -131,14 +141,17 @@ def session_offline(
 
 
 @write_path
-def session_operator_offline(*, worker_id: uuid.UUID, force: bool = False, actor: str = "") -> SessionView:
+def session_operator_offline(
+    *, worker_id: uuid.UUID, force: bool = False, actor: str = "", role: str = ""
+) -> SessionView:
     """Operator: take the worker's live session offline now (admin action, ``manage.py
     session_offline``; ADR-0012 §5, docs/sessions.md, Drain and offline).
 
     Arguments: ``worker_id``; ``force`` whether to proceed although the session holds active
-    run leases; ``actor`` the operator's username. Without ``force`` it is refused like the
-    worker's own offline. With ``force`` the session's active leases are settled in the same
-    transaction (``leases.settlement``, reason ``session_offline``): started attempts become
+    run leases; ``actor`` the operator's username, ``role`` the role it acts under. Without
+    ``force`` it is refused like the worker's own offline. With ``force`` the session's active
+    leases are settled in the same transaction (``leases.settlement``, reason
+    ``session_offline``): started attempts become
     ``lost`` and are retried or failed per their policy, unstarted ones return to the queue.
     The worker's next call is refused with ``session_offline``; a new process may register.
 
@@ -150,4 +163,6 @@ def session_operator_offline(*, worker_id: uuid.UUID, force: bool = False, actor
     session = WorkerSession.objects.filter(worker_id=worker.pk, state__in=LIVE_SESSION_STATES).first()
     if session is None:
         raise DomainError("no_live_session", "the worker has no online or draining session")
-    return _take_offline(worker, session, now=now, force=force, actor_type=ActorType.OPERATOR, actor=actor)
+    return _take_offline(
+        worker, session, now=now, force=force, actor_type=ActorType.OPERATOR, actor=actor, role=role
+    )

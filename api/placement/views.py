@@ -25,6 +25,7 @@ class PlacementPreviewView(OperatorAPIView):
     """Which live workers would take a run of this revision now, and each other's mismatch category."""
 
     http_method_names = ["get", "options"]
+    permissions = {"GET": "runs.view_taskrevision"}
 
     @extend_schema(responses={200: PreviewSerializer})
     def get(self, request, revision_id):
@@ -56,6 +57,7 @@ class RunCandidatesView(OperatorAPIView):
     """One page (≤ 64) of the live workers that could take this run now, best first. Not a claim."""
 
     http_method_names = ["get", "options"]
+    permissions = {"GET": "runs.view_run"}
 
     @extend_schema(
         parameters=[

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from rest_framework import serializers
 
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
@@ -82,6 +84,30 @@ class RevisionOutSerializer(serializers.Serializer):
     maxAttempts = serializers.IntegerField(source="max_attempts")
 
 
+class TaskOutSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    description = serializers.CharField()
+    createdAt = serializers.DateTimeField(source="created_at")
+
+
+class RevisionDetailSerializer(RevisionOutSerializer):
+    """A revision as stored. Environment *values* are not shown (they may hold secrets): names only."""
+
+    command = serializers.CharField()
+    envNames = serializers.SerializerMethodField()
+    placement = serializers.SerializerMethodField(help_text="the normalised PlacementSpec")
+    retryOn = serializers.JSONField(source="retry_on")
+    lostRetry = serializers.CharField(source="lost_retry")
+    createdAt = serializers.DateTimeField(source="created_at")
+
+    def get_envNames(self, revision) -> list[str]:
+        return sorted(revision.env)
+
+    def get_placement(self, revision) -> dict:
+        return json.loads(revision.placement)
+
+
 class AttemptOutSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     number = serializers.IntegerField()
@@ -102,6 +128,9 @@ class RunOutSerializer(serializers.Serializer):
     taskName = serializers.CharField(source="task.name")
     revisionId = serializers.UUIDField(source="revision_id")
     revisionNumber = serializers.IntegerField(source="revision.number")
+    retryOf = serializers.UUIDField(
+        source="retry_of_id", allow_null=True, help_text="the run this one retries"
+    )
     state = serializers.CharField()
     priority = serializers.IntegerField()
     attemptCount = serializers.IntegerField(source="attempt_count")

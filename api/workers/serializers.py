@@ -50,7 +50,7 @@ class RegisterSerializer(StrictSerializer):
     maxConcurrentRuns = StrictIntegerField(min_value=1, max_value=MAX_CONCURRENT_RUNS)
     availableSlots = StrictIntegerField(min_value=0, max_value=MAX_CONCURRENT_RUNS)
     softwareVersion = StrictCharField(max_length=64)
-    protocolVersion = StrictIntegerField(min_value=1, max_value=1)
+    protocolVersion = StrictIntegerField(min_value=1, max_value=1000)
 
     def validate_softwareVersion(self, value: str) -> str:
         if not re.fullmatch(VERSION_TEXT, value):

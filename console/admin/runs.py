@@ -19,10 +19,19 @@ from django.http import HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from actions.runs import run_cancel, run_enqueue
+from actions.runs import run_cancel, run_enqueue, run_retry
 from actions.tasks import revision_check, revision_create, task_create
 from audit.models import ActorType, Event
-from console.admin.base import ModelAdmin, ReadOnlyAdmin, plural, short_id, table, when
+from console.admin.base import (
+    ModelAdmin,
+    ReadOnlyAdmin,
+    acting_role,
+    permission_check,
+    plural,
+    short_id,
+    table,
+    when,
+)
 from core.db import db_now
 from core.errors import DomainError
 from leases.models import RunDispatchLease
@@ -294,7 +303,7 @@ def revision_table(revision: TaskRevision) -> str:
     )
 
 
-@admin.action(description="Run now (newest revision)", permissions=["run"])
+@admin.action(description="Run now (newest revision)", permissions=("run_task",))
 def run_now(modeladmin, request, queryset):
     for task in queryset:
         try:
@@ -302,6 +311,7 @@ def run_now(modeladmin, request, queryset):
                 revision_id=selectors.latest_revision(task).pk,
                 actor_type=ActorType.OPERATOR,
                 actor=request.user.get_username(),
+                role=acting_role(request),
             )
         except DomainError as exc:
             modeladmin.message_user(request, f"{task.name}: {exc.code}: {exc.message}", messages.ERROR)
@@ -341,6 +351,7 @@ class TaskAdmin(ModelAdmin):
             },
         ),
     )
+    has_run_task_permission = permission_check("run_task")
 
     def get_fieldsets(self, request, obj=None):
         if obj is None:
@@ -366,10 +377,6 @@ class TaskAdmin(ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # its runs pin its revisions
 
-    def has_run_permission(self, request, obj=None):
-        """Run now: whoever may create runs (``runs.add_run``)."""
-        return request.user.has_perm("runs.add_run")
-
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         """Unwrapped from the admin's transaction: ``task_create``/``revision_create`` are durable
         write paths that must be the outermost transaction."""
@@ -380,7 +387,7 @@ class TaskAdmin(ModelAdmin):
                 extra_context["revisions"] = list(
                     task.revisions.order_by("-number").values_list("pk", "number")
                 )
-                extra_context["may_run"] = self.has_run_permission(request)
+                extra_context["may_run"] = self.has_run_task_permission(request)
                 extra_context["run_url"] = reverse("admin:runs_task_run", args=[task.pk])
         return self._changeform_view(request, object_id, form_url, extra_context)
 
@@ -409,7 +416,7 @@ class TaskAdmin(ModelAdmin):
 
     def run_view(self, request, object_id):
         """POST: enqueue a run of the chosen revision (default: the newest) and open it."""
-        if request.method != "POST" or not self.has_run_permission(request):
+        if request.method != "POST" or not self.has_run_task_permission(request):
             raise PermissionDenied
         task = self.get_object(request, object_id)
         if task is None:
@@ -482,6 +489,9 @@ class TaskAdmin(ModelAdmin):
 def _is_uuid(text: str) -> bool:
     return bool(re.fullmatch(r"[0-9a-fA-F-]{32,36}", text or ""))
 
+    def has_delete_permission(self, request, obj=None):
+        return False  # revisions and runs point at a task (PROTECT): it is never deleted
+
 
 @admin.register(TaskRevision)
 class TaskRevisionAdmin(ReadOnlyAdmin):
@@ -552,7 +562,7 @@ class TaskRevisionAdmin(ReadOnlyAdmin):
 # --- runs ---------------------------------------------------------------------------------------------
 
 
-@admin.action(description="Cancel")
+@admin.action(description="Cancel", permissions=("cancel_run",))
 def cancel(modeladmin, request, queryset):
     for run in queryset:
         try:
@@ -560,6 +570,7 @@ def cancel(modeladmin, request, queryset):
                 run_id=run.pk,
                 actor_type=ActorType.OPERATOR,
                 actor=request.user.get_username(),
+                role=acting_role(request),
                 reason="cancelled in the admin",
             )
         except DomainError as exc:
@@ -573,25 +584,22 @@ def cancel(modeladmin, request, queryset):
         modeladmin.message_user(request, format_html("run {}: {}", short_id(run.pk), text), messages.SUCCESS)
 
 
-@admin.action(description="Retry (a new run of the same revision)", permissions=["retry"])
+@admin.action(description="Retry (a new run of the same revision)", permissions=("retry_run",))
 def retry(modeladmin, request, queryset):
     for run in queryset:
-        if run.state not in RUN_TERMINAL:
-            modeladmin.message_user(
-                request,
-                format_html("run {}: still {}, not retried", short_id(run.pk), run.state),
-                messages.WARNING,
-            )
-            continue
         try:
-            new = run_enqueue(
-                revision_id=run.revision_id,
-                priority=run.priority,
+            new = run_retry(
+                run_id=run.pk,
                 actor_type=ActorType.OPERATOR,
                 actor=request.user.get_username(),
+                role=acting_role(request),
             )
         except DomainError as exc:
-            modeladmin.message_user(request, f"run {run.pk}: {exc.code}: {exc.message}", messages.ERROR)
+            modeladmin.message_user(
+                request,
+                format_html("run {}: {}: {}", short_id(run.pk), exc.code, exc.message),
+                messages.ERROR,
+            )
             continue
         modeladmin.message_user(
             request,
@@ -663,9 +671,8 @@ class RunAdmin(ReadOnlyAdmin):
     readonly_fields = fields
     show_full_result_count = False
 
-    def has_retry_permission(self, request, obj=None):
-        """Retry: whoever may create runs (``runs.add_run``)."""
-        return request.user.has_perm("runs.add_run")
+    has_cancel_run_permission = permission_check("cancel_run")
+    has_retry_run_permission = permission_check("retry_run")
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         actions = [(name, text) for name, (_f, name, text) in self.get_actions(request).items()]

@@ -22,8 +22,17 @@ from actions.enrollment import enrollment_token_create, worker_create
 from actions.sessions.shutdown import session_operator_offline
 from actions.workers import worker_drain, worker_revoke, worker_undrain
 from audit.models import Event
-from console.admin.base import ModelAdmin, ReadOnlyAdmin, age, plural, short_id, table, when
-from console.dashboard import expected_agent_version
+from console.admin.base import (
+    ModelAdmin,
+    ReadOnlyAdmin,
+    acting_role,
+    age,
+    permission_check,
+    plural,
+    short_id,
+    table,
+    when,
+)
 from core.conf import protocol
 from core.db import db_now
 from core.errors import DomainError
@@ -38,6 +47,7 @@ from workers.models import (
     WorkerSession,
 )
 from workers.selectors import LIVE_STATES, live_state, live_state_filter, with_current_session
+from workers.versions import outdated_live_workers, version_verdict
 
 TONES = {"online": "good", "draining": "warn", "expired": "bad", "revoked": "bad"}
 
@@ -56,7 +66,7 @@ def _each(modeladmin, request, queryset, action, done):
     for worker in queryset:
         before = worker.state
         try:
-            result = action(worker_id=worker.pk, actor=request.user.get_username())
+            result = action(worker_id=worker.pk, actor=request.user.get_username(), role=acting_role(request))
         except DomainError as exc:
             modeladmin.message_user(request, f"{worker.name}: {exc.code}: {exc.message}", messages.ERROR)
             continue
@@ -81,47 +91,55 @@ def _token_message(request, worker, issued) -> str:
     )
 
 
-@admin.action(description="Issue an enrollment token (shown once)")
+@admin.action(description="Issue an enrollment token (shown once)", permissions=("issue_enrollment_token",))
 def issue_enrollment_token(modeladmin, request, queryset):
     for worker in queryset:
         try:
-            issued = enrollment_token_create(worker_id=worker.pk, user=request.user)
+            issued = enrollment_token_create(
+                worker_id=worker.pk, user=request.user, role=acting_role(request)
+            )
         except DomainError as exc:
             modeladmin.message_user(request, f"{worker.name}: {exc.code}: {exc.message}", messages.ERROR)
             continue
         modeladmin.message_user(request, _token_message(request, worker, issued), messages.WARNING)
 
 
-@admin.action(description="Drain (no new runs, survives restarts)")
+@admin.action(description="Drain (no new runs, survives restarts)", permissions=("drain_worker",))
 def drain(modeladmin, request, queryset):
     _each(modeladmin, request, queryset, worker_drain, "draining")
 
 
-@admin.action(description="Undrain")
+@admin.action(description="Undrain", permissions=("drain_worker",))
 def undrain(modeladmin, request, queryset):
     _each(modeladmin, request, queryset, worker_undrain, "active")
 
 
-@admin.action(description="Revoke (credentials die, session fenced, leases settled)")
+@admin.action(
+    description="Revoke (credentials die, session fenced, leases settled)", permissions=("revoke_worker",)
+)
 def revoke(modeladmin, request, queryset):
     _each(modeladmin, request, queryset, worker_revoke, "revoked")
 
 
-@admin.action(description="Force offline (active run leases are settled: started attempts lost)")
+@admin.action(
+    description="Force offline (active run leases are settled: started attempts lost)",
+    permissions=("force_offline_worker",),
+)
 def force_offline(modeladmin, request, queryset):
-    def take_offline(*, worker_id, actor):
-        return session_operator_offline(worker_id=worker_id, force=True, actor=actor)
+    def take_offline(*, worker_id, actor, role):
+        return session_operator_offline(worker_id=worker_id, force=True, actor=actor, role=role)
 
     _each(modeladmin, request, queryset, take_offline, "session offline")
 
 
-@admin.action(description="Force key rotation")
+@admin.action(description="Force key rotation", permissions=("rotate_worker_credential",))
 def force_rotation(modeladmin, request, queryset):
     _each(modeladmin, request, queryset, credential_force_rotation, "must rotate its key")
 
 
 class LiveStateFilter(admin.SimpleListFilter):
-    """Filter by live state (``?live=online``), plus ``outdated``: live on another agent version."""
+    """Filter by live state (``?live=online``), plus ``outdated``: a live agent the version policy
+    refuses (``workers.versions``)."""
 
     title = "live state"
     parameter_name = "live"
@@ -133,8 +151,7 @@ class LiveStateFilter(admin.SimpleListFilter):
         value = self.value()
         now = db_now()
         if value == "outdated":
-            live = live_state_filter("online", now=now) | live_state_filter("draining", now=now)
-            return queryset.filter(live).exclude(session_software_version=expected_agent_version())
+            return queryset.filter(pk__in=outdated_live_workers(now=now))
         if value in LIVE_STATES:
             return queryset.filter(live_state_filter(value, now=now))
         return queryset
@@ -197,6 +214,12 @@ class WorkerAdmin(ModelAdmin):
             return ("name", "description")
         return ("name", "description", *self.readonly_fields)
 
+    has_issue_enrollment_token_permission = permission_check("issue_enrollment_token")
+    has_drain_worker_permission = permission_check("drain_worker")
+    has_revoke_worker_permission = permission_check("revoke_worker")
+    has_force_offline_worker_permission = permission_check("force_offline_worker")
+    has_rotate_worker_credential_permission = permission_check("rotate_worker_credential")
+
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ()
@@ -216,7 +239,12 @@ class WorkerAdmin(ModelAdmin):
         if change:
             obj.save(update_fields=["description"])
             return
-        created = worker_create(name=obj.name, description=obj.description, actor=request.user.get_username())
+        created = worker_create(
+            name=obj.name,
+            description=obj.description,
+            actor=request.user.get_username(),
+            role=acting_role(request),
+        )
         obj.pk, obj.state, obj.created_at = created.pk, created.state, created.created_at
 
     def response_add(self, request, obj, post_url_continue=None):
@@ -262,7 +290,7 @@ class WorkerAdmin(ModelAdmin):
         return super().change_view(request, object_id, form_url, context)
 
     def has_delete_permission(self, request, obj=None):
-        return False
+        return False  # a worker is revoked, never deleted: its sessions and attempts point at it
 
     # --- columns --------------------------------------------------------------------------------
 
@@ -328,17 +356,21 @@ class WorkerAdmin(ModelAdmin):
         full = ", ".join(f"{key}={value}" for key, value in labels.items())
         return format_html('<span title="{}">{}{}</span>', full, shown or "—", more)
 
-    @admin.display(description="agent")
+    @admin.display(description="agent (policy)")
     def agent_version(self, worker):
+        """The newest session's agent version against the version policy (``docs/operators.md``)."""
         software = getattr(worker, "session_software_version", None)
         if not software:
             return "—"
-        expected = expected_agent_version()
-        if expected and software != expected and self._live(worker) in ("online", "draining"):
+        verdict = version_verdict(software, worker.session_protocol_version)
+        if verdict.refused and self._live(worker) in ("online", "draining"):
             return format_html(
-                '<span class="ql-state ql-warn" title="outdated: not {}">{}</span>', expected, software
+                '<span class="ql-state ql-warn" title="minimum {}">{} ({})</span>',
+                verdict.minimum or "none",
+                software,
+                verdict.status,
             )
-        return software
+        return f"{software} ({verdict.status})"
 
     @admin.display(description="created", ordering="created_at")
     def created(self, worker):
@@ -521,6 +553,7 @@ class WorkerSessionAdmin(ReadOnlyAdmin):
         "lease_expires",
         "registered",
         "software_version",
+        "version_policy",
     )
     list_filter = ("state",)
     list_select_related = ("worker",)
@@ -556,6 +589,10 @@ class WorkerSessionAdmin(ReadOnlyAdmin):
     @admin.display(description="capabilities")
     def capabilities_readable(self, session):
         return render_capabilities(json.loads(session.capabilities))
+
+    @admin.display(description="version policy")
+    def version_policy(self, session):
+        return version_verdict(session.software_version, session.protocol_version).status
 
     @admin.display(description="capabilities (canonical JSON)")
     def capabilities_pretty(self, session):

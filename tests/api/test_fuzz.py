@@ -25,13 +25,11 @@ from urllib.parse import urlencode
 import pytest
 import schemathesis
 import yaml
-from django.contrib.auth import get_user_model
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
-from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 from schemathesis.core import NOT_SET
 from schemathesis.generation import GenerationMode
@@ -43,7 +41,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from protocol.signing import sign_request
-from tests.helpers import enqueue, enrolled_worker, make_revision, register
+from tests.helpers import api_token, enqueue, enrolled_worker, make_revision, operator_user, register
 
 pytestmark = pytest.mark.django_db
 
@@ -101,7 +99,7 @@ def callers(protocol_settings, in_test_transaction):
     protocol_settings(RATE_WORKER="100000/m", RATE_ENROLL="100000/m", RATE_AUTH_FAILURES="100000/m")
     worker = enrolled_worker()
     session = register(worker)
-    staff = get_user_model().objects.create_user("fuzz-operator", password="unused-password-1", is_staff=True)
+    staff = operator_user("fuzz-operator", superuser=True)
     revision = make_revision(name="fuzzed-task")
     run = enqueue(revision)
     ids = {
@@ -112,7 +110,7 @@ def callers(protocol_settings, in_test_transaction):
         "revision_id": str(revision.pk),
         "name": "fuzzed-task",
     }
-    return worker, Token.objects.create(user=staff).key, ids
+    return worker, api_token(staff), ids
 
 
 def _bind(case, ids: dict) -> None:

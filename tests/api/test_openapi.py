@@ -45,7 +45,9 @@ def test_every_route_is_described_with_its_security_and_errors():
     for path, _ in routes():
         if not path.startswith("/api/v1/") or path == "/api/v1/schema":
             continue
-        documented = path.replace("<uuid:", "{").replace("<slug:", "{").replace(">", "}")
+        documented = (
+            path.replace("<uuid:", "{").replace("<slug:", "{").replace("<int:", "{").replace(">", "}")
+        )
         assert documented in schema["paths"], f"{path} is missing from the schema"
     for path, item in schema["paths"].items():
         for method, operation in item.items():
@@ -59,7 +61,7 @@ def test_every_route_is_described_with_its_security_and_errors():
                 ], label
                 assert {"401", "403", "409", "413", "429"} <= set(operation["responses"]), label
             else:
-                assert operation["security"] == [{"tokenAuth": []}, {"cookieAuth": []}], label
+                assert operation["security"] == [{"apiToken": []}, {"cookieAuth": []}], label
                 assert {"401", "403"} <= set(operation["responses"]), label
             for status, response in operation["responses"].items():
                 if status >= "400":

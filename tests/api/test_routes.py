@@ -1,10 +1,12 @@
 """No endpoint a worker can reach exists without the transport's protections (ADR-0012 §1):
 every worker route is a signed, rate-limited, principal-bound ``WorkerAPIView`` with a body
 limit (enrollment, the one unsigned route, is rate limited per address and size limited); every
-operator route is an ``OperatorAPIView``."""
+operator route is an ``OperatorAPIView`` naming an existing permission for each of its methods."""
 
 from __future__ import annotations
 
+import pytest
+from django.contrib.auth.models import Permission
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from api.auth import WorkerSignatureAuthentication
@@ -34,10 +36,19 @@ def test_every_worker_route_is_protected():
         assert "initial" not in vars(view), f"{path} must not bypass WorkerAPIView.initial"
 
 
-def test_every_operator_route_is_staff_only():
+@pytest.mark.django_db
+def test_every_operator_route_names_a_permission_for_each_method():
     operator_routes = {path: view for path, view in routes() if path.startswith("/api/v1/ops/")}
     assert operator_routes
     for path, view in operator_routes.items():
         assert view is not None and issubclass(view, OperatorAPIView), path
         assert view.authentication_classes == OperatorAPIView.authentication_classes, path
         assert view.permission_classes == OperatorAPIView.permission_classes, path
+        handlers = {m.upper() for m in view.http_method_names if m != "options" and hasattr(view, m)}
+        assert handlers and handlers <= set(view.permissions), (path, handlers, view.permissions)
+        for permission in view.permissions.values():
+            app_label, codename = permission.split(".")
+            assert Permission.objects.filter(content_type__app_label=app_label, codename=codename).exists(), (
+                path,
+                permission,
+            )

@@ -10,14 +10,13 @@ import threading
 
 import pytest
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
 from actions.leases.claims import OfferRequest, lease_claim
 from actions.sweeps import run_cycle
 from core.db import db_now
 from leases.models import LeaseState, RunDispatchLease
 from placement.selectors import live_workers
-from tests.helpers import OfferTicket, enqueue, make_revision
+from tests.helpers import OfferTicket, api_token, enqueue, make_revision, operator_user
 from tests.placement.support import OperatorClient, live
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -104,10 +103,6 @@ def test_none_eligible_polling_at_once_nobody_claims_and_the_api_explains(client
     assert results == {w.name: [] for w, _ in workers}
     assert RunDispatchLease.objects.count() == 0
     run_cycle()
-    operator = django_user_model.objects.create_user("race-operator", is_staff=True)
-    body = (
-        OperatorClient(client, Token.objects.create(user=operator).key)
-        .get(f"/api/v1/ops/runs/{run.pk}")
-        .json()
-    )
+    operator = operator_user("race-operator", role="viewer")
+    body = OperatorClient(client, api_token(operator, role="viewer")).get(f"/api/v1/ops/runs/{run.pk}").json()
     assert (body["state"], body["placementSummary"]) == ("queued", {"arch": 3, "runtime": 1, "capacity": 1})

@@ -8,7 +8,7 @@ from django.contrib.messages import get_messages
 
 from audit.models import Event
 from runs.models import Run
-from tests.helpers import enqueue, make_revision
+from tests.helpers import enqueue, make_revision, operator_user
 from workers.models import Worker
 
 pytestmark = pytest.mark.django_db
@@ -42,3 +42,14 @@ def test_admin_pages_use_the_console_frame_from_templates(admin_client):
     page = admin_client.get("/admin/").content.decode()
     assert "| QingLong control plane</title>" in page
     assert '<div id="site-name"><a href="/admin/">QingLong control plane</a></div>' in page
+
+
+def test_an_admin_adds_a_worker_through_the_write_path_and_an_operator_cannot(client):
+    client.force_login(operator_user("boss", role="admin"))
+    answer = client.post("/admin/workers/worker/add/", {"name": "rack-7", "description": "second rack"})
+    assert answer.status_code == 302, answer.content.decode()[-500:]
+    created = Event.objects.get(kind="worker.created")
+    assert (created.actor, created.data) == ("boss", {"role": "admin"})
+    client.force_login(operator_user("ops", role="operator"))
+    assert client.post("/admin/workers/worker/add/", {"name": "rack-8"}).status_code == 403
+    assert list(Worker.objects.values_list("name", flat=True)) == ["rack-7"]

@@ -1,19 +1,18 @@
-"""Fixtures for placement tests: a staff user and an operator API client."""
+"""Fixtures for placement tests: a superuser and an operator API client (admin-role token)."""
 
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
 
+from tests.helpers import api_token, operator_user
 from tests.placement.support import OperatorClient
 
 
 @pytest.fixture
 def operator(db):
-    return get_user_model().objects.create_user("operator", password="x", is_staff=True, is_superuser=True)
+    return operator_user("operator", superuser=True)
 
 
 @pytest.fixture
 def ops(client, operator) -> OperatorClient:
-    return OperatorClient(client, Token.objects.create(user=operator).key)
+    return OperatorClient(client, api_token(operator))

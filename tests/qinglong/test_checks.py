@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from qinglong.checks import check_profile_storage, check_session_timings
+from qinglong.checks import check_agent_version_policy, check_profile_storage, check_session_timings
 
 ROOT = Path(__file__).resolve().parents[2]
 SQLITE = "django.db.backends.sqlite3"
@@ -113,3 +113,13 @@ def test_manage_py_refuses_a_lease_shorter_than_the_cadence(tmp_path):
     )
     assert refused.returncode != 0 and "qinglong.E003" in refused.stderr
     assert "QINGLONG_SESSION_LEASE_SECONDS ≥ 24" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("minimum", "protocols", "ok"),
+    [("", (1,), True), ("0.2.0", (1, 2), True), ("1.2", (1,), False), ("0.2.0", (), False)],
+)
+def test_the_agent_version_policy_must_be_usable(protocol_settings, minimum, protocols, ok):
+    protocol_settings(MIN_AGENT_VERSION=minimum, SUPPORTED_PROTOCOL_VERSIONS=protocols)
+    errors = check_agent_version_policy(None)
+    assert (errors == []) is ok and all(error.id == "qinglong.E004" for error in errors)

@@ -6,11 +6,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
 
 from runs.models import Run, RunAttempt
-from tests.helpers import enqueue, enrolled_worker, make_revision, register
+from tests.helpers import api_token, enqueue, enrolled_worker, make_revision, operator_user, register
 from tests.leases.flows import claim_one, start
 
 pytestmark = pytest.mark.django_db
@@ -18,16 +16,13 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def ops(client):
-    user = get_user_model().objects.create_user("op", is_staff=True)
-    token = Token.objects.create(user=user)
+    token = api_token(operator_user("op", role="admin"))
 
     def post(path, body):
-        return client.post(
-            path, body, content_type="application/json", HTTP_AUTHORIZATION=f"Token {token.key}"
-        )
+        return client.post(path, body, content_type="application/json", HTTP_AUTHORIZATION=f"Token {token}")
 
     def get(path):
-        return client.get(path, HTTP_AUTHORIZATION=f"Token {token.key}")
+        return client.get(path, HTTP_AUTHORIZATION=f"Token {token}")
 
     post.get = get
     return post

@@ -88,7 +88,7 @@ ACTIONS = {
             ("session.fenced", {"reason", "generation", "settled_leases"}),
             ("session.registered", {"generation", "replaced", "draining"}),
             ("session.replaced", {"generation", "previous_generation"}),
-            ("session.takeover_limited", {"limit", "retry_after_s"}),
+            ("session.takeover_limited", {"limit", "retry_after_s", "count"}),
         ],
     ),
     "revoke": (revoke, [("session.fenced", {"reason", "generation", "settled_leases"})]),

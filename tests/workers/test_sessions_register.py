@@ -231,7 +231,11 @@ def test_takeover_storm_is_limited_with_429_an_audit_event_and_nothing_else_writ
     assert [s.pk for s in live(worker)] == [current.pk]
     limited = Event.objects.filter(kind="session.takeover_limited")
     assert limited.count() == 1
-    assert limited.get().data == {"limit": 3, "retry_after_s": int(answer["Retry-After"])}
+    assert limited.get().data == {"limit": 3, "retry_after_s": int(answer["Retry-After"]), "count": 1}
+    # a storm of refusals is one audit row per window, counting them (issue 11)
+    for _ in range(4):
+        assert api.post(wire.SESSION_REGISTER, register_body()).status_code == 429
+    assert limited.count() == 1 and limited.get().data["count"] == 5
 
     # a minute later (moved by the audit rows' own clock) the worker may take over again
     Event.objects.filter(kind="session.replaced").update(created_at=db_now() - timedelta(seconds=61))
@@ -312,7 +316,7 @@ def test_revocation_survives_a_restart(django_capture_on_commit_callbacks, clien
         ({"availableSlots": 3}, 422, "slots_exceed_maximum", "availableSlots"),
         ({"maxConcurrentRuns": 0}, 400, "validation_failed", "maxConcurrentRuns"),
         ({"maxConcurrentRuns": 257}, 400, "validation_failed", "maxConcurrentRuns"),
-        ({"protocolVersion": 2}, 400, "validation_failed", "protocolVersion"),
+        ({"protocolVersion": 1001}, 400, "validation_failed", "protocolVersion"),
         ({"softwareVersion": "has space"}, 400, "validation_failed", "softwareVersion"),
         ({"capabilities": {**BASE_SNAPSHOT, "arch": 7}}, 422, "capabilities_invalid", "capabilities.arch"),
     ],

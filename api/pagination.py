@@ -1,0 +1,58 @@
+"""Cursor pagination for the operator lists (DRF's ``CursorPagination``: an opaque ``cursor``
+query parameter, stable under inserts, no page counts, no hard cap on how far one can go)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+from rest_framework.exceptions import NotFound
+from rest_framework.pagination import CursorPagination
+from rest_framework.response import Response
+
+from core.errors import DomainError
+
+MAX_PAGE = 200
+
+
+class OperatorCursor(CursorPagination):
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = MAX_PAGE
+
+
+def paginate(
+    request, view, queryset, serializer_class, *, ordering: tuple[str, ...], prepare=None
+) -> Response:
+    """One page of ``queryset`` in ``ordering`` (the last field unique, e.g. ``("name",)`` or
+    ``("-created_at", "-id")``), rendered by ``serializer_class``:
+    ``{"next": url|null, "previous": url|null, "results": [...]}``. ``limit`` is 1–200
+    (default 50); ``prepare``, if given, is called with the page's rows before rendering.
+    Raises ``validation_failed`` naming ``cursor`` or ``limit``."""
+    limit = request.query_params.get("limit")
+    if limit is not None and (not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE):
+        raise DomainError("validation_failed", f"must be an integer from 1 to {MAX_PAGE}", field="limit")
+    paginator = OperatorCursor()
+    paginator.ordering = ordering
+    try:
+        page: list | None = paginator.paginate_queryset(queryset, request, view=view)
+    except NotFound:
+        raise DomainError("validation_failed", "not a cursor this list issued", field="cursor") from None
+    if prepare is not None:
+        prepare(page)
+    return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
+
+def page_of(serializer_class) -> type[serializers.Serializer]:
+    """The OpenAPI shape of a page of ``serializer_class`` (for ``extend_schema``)."""
+    return type(
+        f"{serializer_class.__name__.removesuffix('Serializer')}PageSerializer",
+        (serializers.Serializer,),
+        {
+            "next": serializers.URLField(allow_null=True, help_text="the next page, or null"),
+            "previous": serializers.URLField(allow_null=True, help_text="the previous page, or null"),
+            "results": serializer_class(many=True),
+        },
+    )
+
+
+#: Query parameters every paginated list takes.
+CURSOR_PARAMETERS = ("cursor", "limit")
