@@ -71,7 +71,7 @@ def _age(seconds: float) -> str:
 
 
 def build(*, now: datetime) -> Dashboard:
-    """Every figure at ``now`` (the database clock). Nine queries, none growing with the backlog."""
+    """Every figure at ``now`` (the database clock). Eight queries, none growing with the backlog."""
     board = Dashboard()
     workers_url = "admin:workers_worker_changelist"
     fleet = fleet_counts(now=now)

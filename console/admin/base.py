@@ -72,9 +72,7 @@ class ModelAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
         if request.user.has_perm(codename):
             return actions
         return {
-            name: entry
-            for name, entry in actions.items()
-            if getattr(entry[0], "allowed_permissions", None) and name != "delete_selected"
+            name: entry for name, entry in actions.items() if getattr(entry[0], "allowed_permissions", None)
         }
 
     def response_action(self, request, queryset):

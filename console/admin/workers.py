@@ -250,7 +250,7 @@ class WorkerAdmin(ModelAdmin):
     def response_add(self, request, obj, post_url_continue=None):
         """Show the new worker's enrollment token and the exact command, once."""
         try:
-            issued = enrollment_token_create(worker_id=obj.pk, user=request.user)
+            issued = enrollment_token_create(worker_id=obj.pk, user=request.user, role=acting_role(request))
         except DomainError as exc:
             self.message_user(request, f"{obj.name}: {exc.code}: {exc.message}", messages.ERROR)
             return super().response_add(request, obj, post_url_continue)

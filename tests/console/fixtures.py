@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import Group, User
 
 from actions.leases.expiry import sweep_expired_leases
 from actions.runs import run_cancel
@@ -13,32 +13,23 @@ from actions.sessions.shutdown import session_operator_offline
 from actions.workers import worker_drain, worker_revoke
 from core.db import db_now
 from runs.models import Run, RunAttempt
-from tests.helpers import enqueue, enrolled_worker, make_revision, register
+from tests.helpers import enqueue, enrolled_worker, ensure_role_groups, make_revision, register
 from tests.leases.flows import claim_one, complete, expire_lease, start
 from workers.models import WorkerSession
 
 PASSWORD = "console-pass-1"
-#: Roles until the least-privilege groups land: Django's standard model permissions.
-VIEW_ONLY = ("view_",)
-OPERATE = ("view_", "add_run", "change_run", "change_worker", "add_worker", "add_task", "change_task")
 
 
-def make_user(role: str) -> User:
-    """``admin`` (superuser), ``operator`` (view, enroll, drain, tasks, runs) or ``viewer`` (view)."""
-    if role == "admin":
-        return User.objects.create_superuser(role, f"{role}@example.com", PASSWORD)
-    user = User.objects.create_user(role, f"{role}@example.com", PASSWORD, is_staff=True)
-    wanted = OPERATE if role == "operator" else VIEW_ONLY
-    apps = ("workers", "runs", "leases", "audit")
-    permissions = [
-        p
-        for p in Permission.objects.filter(content_type__app_label__in=apps)
-        if any(
-            p.codename.startswith(prefix) if prefix.endswith("_") else p.codename == prefix
-            for prefix in wanted
-        )
-    ]
-    user.user_permissions.set(permissions)
+def make_user(role: str, *, username: str | None = None) -> User:
+    """``superuser``, or a staff user in the role group ``viewer``, ``operator`` or ``admin``
+    (``accounts.roles``; ``docs/operators.md``). ``admin`` without a username is the superuser
+    the console tests log in as."""
+    name = username or role
+    if role == "admin" and username is None:
+        return User.objects.create_superuser(name, f"{name}@example.com", PASSWORD)
+    user = User.objects.create_user(name, f"{name}@example.com", PASSWORD, is_staff=True)
+    ensure_role_groups()
+    user.groups.add(Group.objects.get(name=role))
     return user
 
 

@@ -20,7 +20,7 @@ from tests.helpers import make_revision
 pytestmark = pytest.mark.django_db
 
 #: fleet, live sessions, leases, run states, queue head, events, oldest queued.
-QUERIES = 7
+QUERIES = 8
 
 
 def values(figures):
@@ -28,8 +28,11 @@ def values(figures):
 
 
 def test_figures_count_each_state_and_link_to_the_filtered_list(client, protocol_settings):
-    protocol_settings(SESSION_LEASE_SECONDS=900)  # "online" must stay online however slow the machine
+    # "online" must stay online however slow the machine; a minimum version makes the test
+    # sessions' "test/1" (not qinglong-worker/<semver>) count as refused by the policy.
+    protocol_settings(SESSION_LEASE_SECONDS=900)
     fleet_in_every_state()
+    protocol_settings(MIN_AGENT_VERSION="0.1.0")
     refresh_placement_summaries()
     board = dashboard.build(now=db_now())
     workers = values(board.workers)
@@ -41,7 +44,7 @@ def test_figures_count_each_state_and_link_to_the_filtered_list(client, protocol
         "new": 1,
         "revoked": 1,
     }
-    assert workers["outdated"] == 2  # the test sessions report test/1, not qinglong-worker/<version>
+    assert workers["outdated"] == 2  # the two live sessions (online, draining)
     assert board.capacity.value == "1 / 4"  # one running attempt; online 2 + draining 2 slots
     assert values(board.runs) == {"queued": 1, "dispatching": 0, "running": 1, "retry waiting": 1}
     assert values(board.reasons) == {"arch": 1, "draining": 1, "expired": 1}
