@@ -10,6 +10,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from audit.models import ActorType
 from audit.recorder import record
@@ -60,16 +61,35 @@ def run_enqueue(
     (``claimed``: owned by the queue, awaiting a lease) and the events ``run.created``,
     ``run.queued``, ``attempt.claimed``. Raises ``revision_not_found``, ``validation_failed``.
     """
-    if not -100 <= priority <= 100:
-        raise DomainError("validation_failed", "must be between -100 and 100", field="priority")
     revision = TaskRevision.objects.filter(pk=revision_id).first()
     if revision is None:
         raise DomainError("revision_not_found", "no such task revision", field="revisionId")
+    return enqueue_revision(revision=revision, priority=priority, actor_type=actor_type, actor=actor)
+
+
+def enqueue_revision(
+    *,
+    revision: TaskRevision,
+    priority: int,
+    actor_type: str,
+    actor: str,
+    created_data: dict[str, Any] | None = None,
+) -> Run:
+    """The body of :func:`run_enqueue`, inside the caller's write path (it opens no transaction).
+
+    For write paths that create a run as part of a larger act (a schedule's admission,
+    ``actions.schedules``). ``created_data``: low-cardinality facts for the ``run.created`` event.
+    Raises ``validation_failed`` on ``priority`` outside −100…100.
+    """
+    if not -100 <= priority <= 100:
+        raise DomainError("validation_failed", "must be between -100 and 100", field="priority")
     now = db_now()
     run = Run.objects.create(
         task_id=revision.task_id, revision=revision, priority=priority, created_at=now, created_by=actor[:150]
     )
-    record("run.created", actor_type=actor_type, actor=actor, run_id=run.pk, run_sequence=0)
+    record(
+        "run.created", actor_type=actor_type, actor=actor, run_id=run.pk, run_sequence=0, data=created_data
+    )
     move_run(run, RunState.QUEUED, actor_type=actor_type, actor=actor, attempt_count=1)
     _new_attempt(run, 1, now, actor_type, actor)
     return run

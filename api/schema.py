@@ -65,8 +65,8 @@ OPERATOR_ERRORS = {
     **_COMMON,
     "401": "no staff token or session",
     "403": "not staff, or a worker signature (worker credentials never reach operator endpoints)",
-    "404": "no such task, revision or run",
-    "409": "the run cannot make this transition now",
+    "404": "no such task, revision, run or schedule",
+    "409": "the run cannot make this transition now, or the schedule changed since it was read",
     "422": "the placement spec breaks its schema",
 }
 ERROR_TABLES = {"worker": WORKER_ERRORS, "enroll": ENROLL_ERRORS, "operator": OPERATOR_ERRORS}

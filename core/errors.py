@@ -119,6 +119,11 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "worker_not_found": ErrorSpec(404, "No such worker."),
     "invalid_run_transition": ErrorSpec(409, "The run cannot move from its state to the requested one."),
     "run_version_conflict": ErrorSpec(409, "The run changed under the request."),
+    # --- schedules (docs/schedules.md) --------------------------------------------------------
+    "schedule_not_found": ErrorSpec(404, "No such schedule."),
+    "schedule_version_conflict": ErrorSpec(
+        409, "The schedule changed since it was read (`expectedVersion` is stale); re-read it."
+    ),
 }
 
 

@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "runs",
     "placement",
     "leases",
+    "schedules",
     "console",
 ]
 

@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/v1/worker/", include("api.leases.urls")),
     path("api/v1/ops/", include("api.runs.urls")),
     path("api/v1/ops/", include("api.placement.urls")),
+    path("api/v1/ops/", include("api.schedules.urls")),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
 ]
 

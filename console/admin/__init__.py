@@ -3,6 +3,6 @@
 Django's admin autodiscovery imports this package; importing each module registers its admins.
 """
 
-from . import audit, leases, runs, workers
+from . import audit, leases, runs, schedules, workers
 
-__all__ = ["audit", "leases", "runs", "workers"]
+__all__ = ["audit", "leases", "runs", "schedules", "workers"]
