@@ -14,6 +14,7 @@ skipped hour does not.
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -25,6 +26,7 @@ from cronsim import CronSim, CronSimError
 from core.errors import DomainError
 
 MAX_CRON_LENGTH = 120
+_ONE_VALUE_RANGE = re.compile(r"^(\w+)-\1/", re.IGNORECASE)
 MAX_PREVIEW = 100
 #: How many due fires one admission scans forward before it finds the newest one by searching back.
 MAX_SCAN = 1000
@@ -48,6 +50,16 @@ def validate_cron(expression: str, *, field: str = "cron") -> str:
             "must have 5 fields (minute hour day month weekday) or 6 (seconds first)",
             field=field,
         )
+    for part in normalised.split():
+        for term in part.split(","):
+            one_value_range = _ONE_VALUE_RANGE.match(term)
+            if one_value_range is not None:
+                # cronsim reads N-N/step as N/step (N to the end of the range): refuse the surprise.
+                raise DomainError(
+                    "validation_failed",
+                    f"{term!r}: a one-value range with a step; write {one_value_range.group(1)!r}",
+                    field=field,
+                )
     try:
         next(CronSim(normalised, datetime(2000, 1, 1, tzinfo=UTC)))
     except CronSimError as exc:
