@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from api.base import StrictBooleanField, StrictCharField, StrictIntegerField, StrictSerializer
@@ -39,6 +41,7 @@ def parse_instant(value: object) -> datetime:
     return instant
 
 
+@extend_schema_field(OpenApiTypes.DATETIME)
 class InstantField(serializers.Field):
     """An aware instant in, ISO 8601 with offset out (null allowed where the field says so)."""
 

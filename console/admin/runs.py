@@ -3,6 +3,7 @@
 import json
 
 from django.contrib import admin, messages
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from actions.runs import run_cancel, run_enqueue
@@ -160,7 +161,19 @@ class RunAdmin(ReadOnlyAdmin):
     search_fields = ("=id", "task__name")
     inlines = (AttemptInline,)
     actions = (cancel,)
-    readonly_fields = ("waiting_reason", "placement_checked_at")
+    readonly_fields = ("waiting_reason", "placement_checked_at", "scheduled_by")
+
+    @admin.display(description="started by schedule")
+    def scheduled_by(self, run):
+        fire = getattr(run, "schedule_fire", None) if run.pk else None
+        if fire is None:
+            return "—"
+        return format_html(
+            '<a href="{}">{}</a> — fire of {}',
+            reverse("admin:schedules_schedule_change", args=[fire.schedule_id]),
+            fire.schedule_id,
+            fire.fire_at.isoformat(),
+        )
 
     @admin.display(description="why waiting")
     def waiting_reason(self, run):

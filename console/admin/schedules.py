@@ -213,6 +213,14 @@ class ScheduleAdmin(ModelAdmin):
             rows,
         )
 
+    # Django wraps these views in transaction.atomic(); a write path opens its own durable
+    # transaction (core.db.write_path), which must be the outermost one.
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        return self._changeform_view(request, object_id, form_url, extra_context)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        return self._delete_view(request, object_id, extra_context)
+
     def save_model(self, request, obj, form, change):
         spec = spec_from(form.cleaned_data)
         if change:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 
 from actions.runs import run_cancel
 from actions.schedules import schedule_admit, sweep_due_schedules
@@ -219,3 +220,20 @@ def test_a_disabled_schedule_has_no_next_fire():
 def test_fire_times_are_utc_instants_of_the_zone_wall_clock():
     schedule = make_schedule(make_revision(), "30 2 * * *", timezone="Asia/Shanghai")
     assert schedule.next_fire_at.astimezone(UTC).time().isoformat() == "18:30:00"
+
+
+def test_the_run_api_and_admin_name_the_schedule_and_fire_time(client):
+    schedule = make_schedule(make_revision(), "* * * * *")
+    fire_at = floor_minute(db_now())
+    rewind(schedule, fire_at)
+    run_id = schedule_admit(schedule_id=schedule.pk).run_id
+    client.force_login(get_user_model().objects.create_superuser("root", password="correct horse battery"))
+    body = client.get(f"/api/v1/ops/runs/{run_id}").json()
+    assert (body["scheduleId"], body["scheduleFireAt"]) == (
+        str(schedule.pk),
+        fire_at.isoformat().replace("+00:00", "Z"),
+    )
+    page = client.get(f"/admin/runs/run/{run_id}/change/").content.decode()
+    assert f"/admin/schedules/schedule/{schedule.pk}/change/" in page
+    manual = enqueue(make_revision())
+    assert client.get(f"/api/v1/ops/runs/{manual.pk}").json()["scheduleId"] is None
