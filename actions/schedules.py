@@ -192,12 +192,12 @@ def _record_fire(schedule: Schedule, fire: ScheduleFire) -> None:
     )
 
 
-def _admit_deferred(schedule: Schedule, now: datetime) -> Admission | None:
+def _admit_deferred(schedule: Schedule, pending_fire_at: datetime, now: datetime) -> Admission | None:
     """queue_one: start the deferred fire once no run of the task is live."""
     if live_runs(schedule.task_id).exists():
         return None
     fire = ScheduleFire.objects.filter(
-        schedule=schedule, fire_at=schedule.pending_fire_at, outcome=FireOutcome.DEFERRED
+        schedule=schedule, fire_at=pending_fire_at, outcome=FireOutcome.DEFERRED
     ).first()
     if not Schedule.objects.filter(pk=schedule.pk, version=schedule.version).update(
         pending_fire_at=None, version=F("version") + 1
@@ -254,7 +254,7 @@ def schedule_admit(*, schedule_id: uuid.UUID) -> Admission | None:
         return None
     now = db_now()
     if schedule.pending_fire_at is not None:
-        started = _admit_deferred(schedule, now)
+        started = _admit_deferred(schedule, schedule.pending_fire_at, now)
         if started is not None:
             return started
     if schedule.next_fire_at is None or schedule.due_at is None or schedule.due_at > now:

@@ -13,6 +13,7 @@ skipped hour does not.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import uuid
@@ -28,7 +29,7 @@ from core.errors import DomainError
 MAX_CRON_LENGTH = 120
 _ONE_VALUE_RANGE = re.compile(r"^(\w+)-\1/", re.IGNORECASE)
 MAX_PREVIEW = 100
-#: How many due fires one admission scans forward before it finds the newest one by searching back.
+#: How many fires :func:`count_fires` counts at most (a misfire decision's ``fires`` saturates here).
 MAX_SCAN = 1000
 
 
@@ -81,14 +82,10 @@ def validate_zone(name: str, *, field: str = "timezone") -> ZoneInfo:
         raise DomainError("validation_failed", "unknown time zone", field=field) from None
 
 
-_ZONES: frozenset[str] | None = None
-
-
+@functools.cache
 def _zones() -> frozenset[str]:
-    global _ZONES
-    if _ZONES is None:
-        _ZONES = frozenset(available_timezones()) | {"UTC"}
-    return _ZONES
+    """The IANA names this machine's zone database holds (read once per process)."""
+    return frozenset(available_timezones()) | {"UTC"}
 
 
 def describe(expression: str) -> str:

@@ -45,9 +45,8 @@ class ScheduleAPIView(OperatorAPIView):
 
 def _detail(schedule_id) -> Schedule:
     schedule = selectors.schedule_get(schedule_id)
-    schedule.recent_fires = list(
-        ScheduleFire.objects.filter(schedule=schedule).order_by("-fire_at")[:RECENT_FIRES]
-    )
+    recent = list(ScheduleFire.objects.filter(schedule=schedule).order_by("-fire_at")[:RECENT_FIRES])
+    setattr(schedule, "recent_fires", recent)  # noqa: B010 (read by ScheduleDetailSerializer)
     return schedule
 
 
@@ -94,10 +93,11 @@ class ScheduleDetailView(ScheduleAPIView):
         serializer.is_valid(raise_exception=True)
         current = selectors.schedule_get(schedule_id)
         spec = replace(spec_of(current), **serializer.spec_changes())
+        # The change is merged onto the version just read: a concurrent change answers 409.
         schedule = schedule_update(
             schedule_id=current.pk,
             spec=spec,
-            expected_version=serializer.validated_data.get("expectedVersion"),
+            expected_version=serializer.validated_data.get("expectedVersion", current.version),
             user=request.user,
             actor_type=ActorType.API_APP,
         )

@@ -51,7 +51,20 @@ ZONES = sorted(available_timezones() | {"UTC"})
 
 
 def spec_from(data: dict) -> rules.ScheduleSpec:
-    return rules.ScheduleSpec(**{name: data.get(name) for name in SPEC_FIELDS if name in data})
+    """The form's cleaned data as the spec the write paths take."""
+    return rules.ScheduleSpec(
+        cron=data["cron"],
+        timezone=data["timezone"],
+        enabled=bool(data.get("enabled")),
+        start_at=data.get("start_at"),
+        end_at=data.get("end_at"),
+        overlap=data["overlap"],
+        misfire=data["misfire"],
+        misfire_grace_seconds=data["misfire_grace_seconds"],
+        jitter_seconds=data["jitter_seconds"],
+        priority=data["priority"],
+        description=data.get("description") or "",
+    )
 
 
 class ScheduleForm(forms.ModelForm):
@@ -224,10 +237,11 @@ class ScheduleAdmin(ModelAdmin):
     def save_model(self, request, obj, form, change):
         spec = spec_from(form.cleaned_data)
         if change:
+            expected = form.cleaned_data.get("expected_version")
             saved = schedule_update(
                 schedule_id=obj.pk,
                 spec=spec,
-                expected_version=form.cleaned_data.get("expected_version"),
+                expected_version=expected if expected is not None else obj.version,
                 user=request.user,
             )
         else:
