@@ -158,3 +158,22 @@ def test_the_newest_fire_before_an_instant_follows_the_same_dst_rules():
         is None
     )
     assert rules.count_fires("* * * * * *", BERLIN, first, first + timedelta(hours=1)) == rules.MAX_SCAN
+
+
+def test_admission_moves_from_fire_to_fire_once_a_day_across_both_berlin_transitions():
+    # Admission moves next_fire_at with rules.next_fire(…, after=the fire it decided).
+    for start, expected in (
+        (
+            datetime(2026, 3, 27, 12, tzinfo=UTC),
+            ["2026-03-28T01:30:00+00:00", "2026-03-29T01:00:00+00:00", "2026-03-30T00:30:00+00:00"],
+        ),
+        (
+            datetime(2026, 10, 23, 12, tzinfo=UTC),
+            ["2026-10-24T00:30:00+00:00", "2026-10-25T00:30:00+00:00", "2026-10-26T01:30:00+00:00"],
+        ),
+    ):
+        chain, fire = [], start
+        for _ in range(3):
+            fire = rules.next_fire("30 2 * * *", BERLIN, fire)
+            chain.append(fire.isoformat())
+        assert chain == expected
