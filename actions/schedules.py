@@ -203,7 +203,7 @@ def _admit_deferred(schedule: Schedule, pending_fire_at: datetime, now: datetime
         pending_fire_at=None, version=F("version") + 1
     ):
         return None  # another decision got there first
-    schedule.version += 1
+    schedule.version, schedule.pending_fire_at = schedule.version + 1, None
     if fire is None:  # its row went with an edit of the schedule: nothing left to start
         return None
     run = _start_run(schedule, fire.fire_at)
@@ -263,6 +263,15 @@ def schedule_admit(*, schedule_id: uuid.UUID) -> Admission | None:
     zone = ZoneInfo(schedule.timezone)
     following = rules.next_fire(schedule.cron, zone, fire_at, start=schedule.start_at, end=schedule.end_at)
     jitter = rules.jitter_offset(schedule.pk, schedule.jitter_seconds)
+    cas = Schedule.objects.filter(
+        pk=schedule.pk, version=schedule.version, next_fire_at=schedule.next_fire_at
+    )
+    due_next = following + jitter if following is not None else None
+    if ScheduleFire.objects.filter(schedule=schedule, fire_at=fire_at).exists():
+        # Decided before (an edit moved the next fire back onto it): move on, never a second run.
+        cas.update(next_fire_at=following, due_at=due_next, version=F("version") + 1)
+        log.warning("schedule %s fire %s was already decided; skipped", schedule.pk, fire_at.isoformat())
+        return None
     if misfire and schedule.misfire == MisfirePolicy.SKIP:
         outcome = FireOutcome.SKIPPED_MISFIRE
     elif schedule.overlap == OverlapPolicy.ALLOW or not live_runs(schedule.task_id).exists():
@@ -273,22 +282,15 @@ def schedule_admit(*, schedule_id: uuid.UUID) -> Admission | None:
         outcome = FireOutcome.SKIPPED_OVERLAP
     updates: dict[str, object] = {
         "next_fire_at": following,
-        "due_at": following + jitter if following is not None else None,
+        "due_at": due_next,
         "last_fire_at": fire_at,
         "last_outcome": outcome,
         "version": F("version") + 1,
     }
     if outcome == FireOutcome.DEFERRED:
         updates["pending_fire_at"] = fire_at
-    claimed = Schedule.objects.filter(
-        pk=schedule.pk, version=schedule.version, next_fire_at=schedule.next_fire_at
-    ).update(**updates)
-    if not claimed:
+    if not cas.update(**updates):
         return None  # another decision moved the schedule first: this fire is theirs
-    if ScheduleFire.objects.filter(schedule=schedule, fire_at=fire_at).exists():
-        # Decided before (an edit moved the next fire back onto it): never a second run.
-        log.warning("schedule %s fire %s was already decided; skipped", schedule.pk, fire_at.isoformat())
-        return None
     run = _start_run(schedule, fire_at) if outcome == FireOutcome.QUEUED else None
     fire = ScheduleFire.objects.create(
         schedule=schedule,

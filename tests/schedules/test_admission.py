@@ -237,3 +237,17 @@ def test_the_run_api_and_admin_name_the_schedule_and_fire_time(client):
     assert f"/admin/schedules/schedule/{schedule.pk}/change/" in page
     manual = enqueue(make_revision())
     assert client.get(f"/api/v1/ops/runs/{manual.pk}").json()["scheduleId"] is None
+
+
+def test_a_fire_decided_before_is_never_decided_again_even_if_the_schedule_returns_to_it():
+    schedule = make_schedule(make_revision(), "* * * * *", overlap="allow")
+    fire_at = floor_minute(db_now())
+    rewind(schedule, fire_at)
+    assert schedule_admit(schedule_id=schedule.pk).outcome == "queued"
+    rewind(schedule, fire_at)  # e.g. an edit whose next fire is that same instant
+
+    assert schedule_admit(schedule_id=schedule.pk) is None
+
+    assert Run.objects.count() == ScheduleFire.objects.count() == 1
+    schedule.refresh_from_db()
+    assert (schedule.next_fire_at, schedule.last_outcome) == (fire_at + timedelta(minutes=1), "queued")
