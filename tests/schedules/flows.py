@@ -36,10 +36,11 @@ def fires_between(schedule: Schedule, first: datetime, last: datetime) -> list[d
     return times
 
 
-def minutely_fired_ago(seconds: int) -> tuple[str, datetime]:
-    """A six-field expression that fires every minute and last fired ``seconds`` (< 60) ago.
+def hourly_fired_ago(seconds: int) -> tuple[str, datetime]:
+    """A six-field expression that fires every hour and last fired ``seconds`` (< 3600) ago.
 
-    Returns (expression, that last fire time): the fire's lateness is then under our control.
+    Returns (expression, that last fire time): its lateness is under the test's control, and the
+    next fire is far enough away that no other one comes due while the test runs.
     """
     latest = (db_now() - timedelta(seconds=seconds)).replace(microsecond=0)
-    return f"{latest.second} * * * * *", latest
+    return f"{latest.second} {latest.minute} * * * *", latest

@@ -36,6 +36,7 @@ def database_url() -> str:
 
 
 def due_schedule():
+    """A minutely schedule whose fire of this minute is due (later minutes may fire too)."""
     schedule = make_schedule(make_revision(), "* * * * *")
     return rewind(schedule, db_now().replace(second=0, microsecond=0))
 
@@ -54,13 +55,13 @@ def test_the_in_process_loop_admits_a_due_fire():
     thread.start()
     try:
         deadline = time.monotonic() + 20
-        while not ScheduleFire.objects.filter(schedule=schedule).exists():
+        while not ScheduleFire.objects.filter(schedule=schedule, fire_at=schedule.next_fire_at).exists():
             assert time.monotonic() < deadline, "the loop admitted nothing"
             time.sleep(0.05)
     finally:
         stop.set()
         thread.join(10)
-    assert ScheduleFire.objects.get(schedule=schedule).run_id is not None
+    assert ScheduleFire.objects.get(schedule=schedule, fire_at=schedule.next_fire_at).run_id is not None
 
 
 @pytest.mark.redis
@@ -104,7 +105,7 @@ def test_celery_beat_admits_a_due_fire(redis_url, tmp_path):
         )
         try:
             deadline = time.monotonic() + 60
-            while not ScheduleFire.objects.filter(schedule=schedule).exists():
+            while not ScheduleFire.objects.filter(schedule=schedule, fire_at=schedule.next_fire_at).exists():
                 assert process.poll() is None, f"celery exited {process.returncode}:\n{log.read_text()}"
                 assert time.monotonic() < deadline, f"no admission within 60 s:\n{log.read_text()}"
                 time.sleep(0.2)
@@ -115,6 +116,6 @@ def test_celery_beat_admits_a_due_fire(redis_url, tmp_path):
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-    fire = ScheduleFire.objects.get(schedule=schedule)
+    fire = ScheduleFire.objects.get(schedule=schedule, fire_at=schedule.next_fire_at)
     assert (fire.outcome, fire.run_id is not None) == ("queued", True)
     assert fire.decided_at - fire.fire_at < timedelta(minutes=2)
