@@ -96,12 +96,6 @@ class WorkerSignatureAuthentication(BaseAuthentication):
 
     def authenticate(self, request) -> tuple[WorkerPrincipal, SignedRequest]:
         raw = request._request
-        limit = {
-            "group": "worker-auth-failures",
-            "key": by_address,
-            "rate": protocol().rate_auth_failures,
-            "message": "too many failed worker authentications from this address",
-        }
         # Only failures count, and only a failing request is answered 429: a correctly signed
         # request always passes, so a forger sharing a worker's address cannot lock it out.
         try:
@@ -115,7 +109,13 @@ class WorkerSignatureAuthentication(BaseAuthentication):
                 client_address(raw),
             )
             if exc.code != "signature_predates_restart":
-                enforce(raw, **limit)  # counts this failure; the next over the limit gets 429
+                enforce(  # counts this failure; the next over the limit gets 429
+                    raw,
+                    group="worker-auth-failures",
+                    key=by_address,
+                    rate=protocol().rate_auth_failures,
+                    message="too many failed worker authentications from this address",
+                )
             raise
 
     def _authenticate(self, raw) -> tuple[WorkerPrincipal, SignedRequest]:

@@ -158,7 +158,6 @@ else:
 # memory and knows nothing older; api.auth refuses requests signed before it (retryable 503).
 QINGLONG_PROCESS_STARTED = int(time.time())
 RATELIMIT_USE_CACHE = "default"
-RATELIMIT_VIEW = None
 # Rate limits per client address (enrollment, failed worker authentication) key on REMOTE_ADDR.
 # Behind a reverse proxy, name the META key holding the single client address it sets (for
 # example HTTP_X_REAL_IP); never a header a client can forge past the proxy.

@@ -1,4 +1,4 @@
-"""Row locks on schedules — the only place schedules are locked.
+"""Row locks on schedules — the only place schedules are locked (tasks: ``runs/locks.py``).
 
 Order: task -> schedule, and both before anything in the global order of ``workers/locks.py``
 (worker -> session -> run -> attempt -> lease); an admission creates runs but locks none. Locking
@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 
 from core.errors import DomainError
-from runs.models import Task
+from runs.locks import lock_task, try_lock_task
 
 from .models import Schedule
 
@@ -25,7 +25,7 @@ def lock_schedule(schedule_id: uuid.UUID) -> Schedule:
     task_id = Schedule.objects.filter(pk=schedule_id).values_list("task_id", flat=True).first()
     if task_id is None:
         raise DomainError("schedule_not_found", "no such schedule")
-    Task.objects.select_for_update().filter(pk=task_id).first()
+    lock_task(task_id)
     schedule = Schedule.objects.select_for_update(of=("self",)).filter(pk=schedule_id).first()
     if schedule is None:
         raise DomainError("schedule_not_found", "no such schedule")
@@ -40,6 +40,6 @@ def try_lock_schedule(schedule_id: uuid.UUID) -> Schedule | None:
     task_id = Schedule.objects.filter(pk=schedule_id).values_list("task_id", flat=True).first()
     if task_id is None:
         return None
-    if Task.objects.select_for_update(skip_locked=True).filter(pk=task_id).first() is None:
+    if try_lock_task(task_id) is None:
         return None
     return Schedule.objects.select_for_update(of=("self",), skip_locked=True).filter(pk=schedule_id).first()

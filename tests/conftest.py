@@ -5,14 +5,18 @@ from __future__ import annotations
 import os
 
 import pytest
+import redis
+from django.conf import settings as django_settings
+from django.core.cache import caches
+from django.core.cache.backends.locmem import LocMemCache
+
+from api import auth
 
 CI = os.environ.get("CI", "").lower() == "true"
 
 
 def _vendor() -> str:
-    from django.conf import settings
-
-    engine = settings.DATABASES["default"]["ENGINE"]
+    engine = django_settings.DATABASES["default"]["ENGINE"]
     return "postgresql" if "postgresql" in engine else "sqlite"
 
 
@@ -28,8 +32,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     """The real Redis server; skipped when down, except under CI=true where that fails."""
-    import redis
-
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2).ping()
@@ -46,9 +48,6 @@ def _fresh_cache():
 
     Only the locmem cache is cleared: ``clear()`` on a Redis cache would FLUSHDB a shared server.
     """
-    from django.core.cache import caches
-    from django.core.cache.backends.locmem import LocMemCache
-
     cache = caches["default"]
     if isinstance(cache, LocMemCache):
         cache.clear()
@@ -63,8 +62,6 @@ def _long_running_server(monkeypatch):
     signatures from its first SIGNATURE_FUTURE_SKEW_SECONDS (a replay it cannot rule out), so tests
     run as if the server had been up for an hour. The refusal itself is tested explicitly
     (tests/workers/test_auth_signatures.py, tests/workers/test_auth_replay_store.py)."""
-    from api import auth
-
     monkeypatch.setattr(auth, "PROCESS_STARTED", auth.PROCESS_STARTED - 3600)
 
 

@@ -4,7 +4,8 @@ A *worker* is an enrolled machine; a *session* is one process start on it. Each 
 registers a new session (a worker-generated UUIDv7) which atomically replaces the worker's
 current session: ``generation`` increases by one per session and a new session's ``version``
 starts above its predecessor's, so both only ever increase across the worker's life (the newest
-session by generation carries the highest of each; nothing else stores them). The session lease (``lease_expires_at``) only says "this node recently
+session by generation carries the highest of each; nothing else stores them). The session lease
+(``lease_expires_at``) only says "this node recently
 reported status and capacity"; it authorises no run (run leases live in ``leases``).
 """
 

@@ -19,20 +19,12 @@ from django.db import connection
 from actions.sweeps import loop
 from core.db import db_now
 from schedules.models import ScheduleFire
+from tests.agent.processes import database_url
 from tests.helpers import make_revision
 from tests.schedules.flows import make_schedule, rewind
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def database_url() -> str:
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{Path(settings['NAME']).resolve()}"
-    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
-    host, port = settings["HOST"] or "127.0.0.1", settings["PORT"] or 5432
-    return f"postgres://{settings['USER']}{password}@{host}:{port}/{settings['NAME']}"
 
 
 def due_schedule():

@@ -14,12 +14,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
 from actions.schedules import sweep_due_schedules
 from core.db import db_now
 from runs.models import Run
 from schedules.models import Schedule, ScheduleFire
+from tests.agent.processes import database_url
 from tests.concurrency.threads import race
 from tests.helpers import make_revision
 from tests.schedules.flows import fires_between, make_schedule, rewind
@@ -36,13 +36,6 @@ PLAN = [
     ("d", "*/2 * * * *", "allow"),
     ("e", "* * * * *", "skip"),
 ]
-
-
-def database_url() -> str:
-    settings = connection.settings_dict
-    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
-    host, port = settings["HOST"] or "127.0.0.1", settings["PORT"] or 5432
-    return f"postgres://{settings['USER']}{password}@{host}:{port}/{settings['NAME']}"
 
 
 def five_minutes_of_fires() -> tuple[list[Schedule], object]:

@@ -13,8 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from api import auth
 from core.errors import DomainError
 from protocol import strictjson, wire
-from tests.helpers import SignedClient
-from tests.workers.test_auth_signatures import heartbeat, refused, send, signed_headers, worker_session  # noqa: F401
+from tests.helpers import SignedClient, heartbeat, refused, send, signed_headers
 from workers.nonces import ProcessNonceStore
 
 pytestmark = pytest.mark.django_db
