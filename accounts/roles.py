@@ -32,6 +32,8 @@ _VIEW = frozenset(
         "runs.view_runattempt",
         "leases.view_rundispatchlease",
         "audit.view_event",
+        "schedules.view_schedule",
+        "schedules.view_schedulefire",
     }
 )
 #: Day-to-day work on the fleet and the runs.
@@ -47,6 +49,9 @@ _ADMINISTER = _OPERATE | {
     "runs.add_task",
     "runs.change_task",
     "runs.add_taskrevision",
+    "schedules.add_schedule",
+    "schedules.change_schedule",
+    "schedules.delete_schedule",
     "auth.view_user",
     "auth.add_user",
     "auth.change_user",

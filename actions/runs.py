@@ -11,6 +11,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from audit.models import ActorType
 from audit.recorder import record
@@ -67,23 +68,32 @@ def run_enqueue(
     ``run.queued``, ``attempt.claimed``; ``run.created`` names the operator's ``role``.
     Raises ``revision_not_found``, ``validation_failed``.
     """
-    if not -100 <= priority <= 100:
-        raise DomainError("validation_failed", "must be between -100 and 100", field="priority")
     revision = TaskRevision.objects.filter(pk=revision_id).first()
     if revision is None:
         raise DomainError("revision_not_found", "no such task revision", field="revisionId")
-    return _create_run(revision, priority, actor_type=actor_type, actor=actor, data={"role": role})
+    return enqueue_revision(
+        revision=revision, priority=priority, actor_type=actor_type, actor=actor, created_data={"role": role}
+    )
 
 
-def _create_run(
+def enqueue_revision(
+    *,
     revision: TaskRevision,
     priority: int,
-    *,
     actor_type: str,
     actor: str,
-    data: dict,
+    created_data: dict[str, Any] | None = None,
     retry_of: Run | None = None,
 ) -> Run:
+    """The body of :func:`run_enqueue`, inside the caller's write path (it opens no transaction).
+
+    For write paths that create a run as part of a larger act (a retry, ``run_retry``; a
+    schedule's admission, ``actions.schedules``). ``created_data``: low-cardinality facts for the
+    ``run.created`` event; ``retry_of``: the run this one retries. Raises ``validation_failed`` on
+    ``priority`` outside −100…100.
+    """
+    if not -100 <= priority <= 100:
+        raise DomainError("validation_failed", "must be between -100 and 100", field="priority")
     now = db_now()
     run = Run.objects.create(
         task_id=revision.task_id,
@@ -93,7 +103,9 @@ def _create_run(
         created_by=actor[:150],
         retry_of=retry_of,
     )
-    record("run.created", actor_type=actor_type, actor=actor, run_id=run.pk, run_sequence=0, data=data)
+    record(
+        "run.created", actor_type=actor_type, actor=actor, run_id=run.pk, run_sequence=0, data=created_data
+    )
     move_run(run, RunState.QUEUED, actor_type=actor_type, actor=actor, attempt_count=1)
     _new_attempt(run, 1, now, actor_type, actor)
     return run
@@ -115,8 +127,13 @@ def run_retry(
     old = lock_run(run_id)
     if old.state not in RUN_TERMINAL or RunAttempt.objects.filter(run=old, state__in=ATTEMPT_LIVE).exists():
         raise DomainError("run_not_finished", f"the run is {old.state}; only a finished run can be retried")
-    run = _create_run(
-        old.revision, old.priority, actor_type=actor_type, actor=actor, data={"role": role}, retry_of=old
+    run = enqueue_revision(
+        revision=old.revision,
+        priority=old.priority,
+        actor_type=actor_type,
+        actor=actor,
+        created_data={"role": role},
+        retry_of=old,
     )
     record("run.retried", actor_type=actor_type, actor=actor, run_id=old.pk, data={"role": role})
     return run

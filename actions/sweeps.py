@@ -18,6 +18,7 @@ from django.db import close_old_connections
 from actions.leases.expiry import sweep_expired_leases
 from actions.placement import refresh_placement_summaries
 from actions.runs import sweep_due_retries
+from actions.schedules import sweep_due_schedules
 from actions.sessions.expiry import sweep_expired_sessions
 from core.errors import DomainError
 
@@ -29,6 +30,7 @@ class CycleReport:
     sessions_expired: int
     leases_settled: int
     retries_queued: int
+    schedule_fires: int
     summaries_changed: int
 
     def any(self) -> bool:
@@ -47,7 +49,8 @@ def _step(name: str, sweep: Callable[[], int]) -> int:
 
 
 def run_cycle() -> CycleReport:
-    """Expire lapsed sessions, settle lapsed leases, queue due retries, refresh pending summaries.
+    """Expire lapsed sessions, settle lapsed leases, queue due retries, admit due schedule fires
+    (``docs/schedules.md``), refresh pending summaries.
 
     Each step is a bounded batch of single-item transactions (``QINGLONG_SWEEP_BATCH``) whose
     writes re-check their preconditions in their own ``UPDATE … WHERE``; a step that meets a lock
@@ -57,6 +60,7 @@ def run_cycle() -> CycleReport:
         sessions_expired=_step("sessions", sweep_expired_sessions),
         leases_settled=_step("leases", sweep_expired_leases),
         retries_queued=_step("retries", sweep_due_retries),
+        schedule_fires=_step("schedules", sweep_due_schedules),
         summaries_changed=_step("summaries", refresh_placement_summaries),
     )
     if report.any():

@@ -65,8 +65,8 @@ OPERATOR_ERRORS = {
     **_COMMON,
     "401": "no API token or console session, or the token is unknown, expired or revoked",
     "403": "the user or the token's role lacks the permission (named in `message`), or a worker signature",
-    "404": "no such task, revision, run, worker or session",
-    "409": "the run or worker cannot make this transition now (for example retrying a live run)",
+    "404": "no such task, revision, run, schedule, worker or session",
+    "409": "the run or worker cannot make this transition now (retrying a live run), or the schedule changed",
     "422": "the placement spec breaks its schema",
 }
 ERROR_TABLES = {"worker": WORKER_ERRORS, "enroll": ENROLL_ERRORS, "operator": OPERATOR_ERRORS}

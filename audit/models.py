@@ -18,6 +18,7 @@ class ActorType(models.TextChoices):
     API_APP = "api_app"
     SYSTEM = "system"
     RECONCILER = "reconciler"
+    SCHEDULER = "scheduler"  # a schedule admitting a fire (docs/schedules.md)
 
 
 class Event(models.Model):

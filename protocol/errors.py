@@ -288,6 +288,13 @@ CATALOGUE: dict[str, ErrorSpec] = {
         409, "The run cannot move from its state to the requested one.", WorkerAction.NONE
     ),
     "run_version_conflict": ErrorSpec(409, "The run changed under the request.", WorkerAction.NONE),
+    # --- schedules (docs/schedules.md) --------------------------------------------------------
+    "schedule_not_found": ErrorSpec(404, "No such schedule.", WorkerAction.NONE),
+    "schedule_version_conflict": ErrorSpec(
+        409,
+        "The schedule changed since it was read (`expectedVersion` is stale); re-read it.",
+        WorkerAction.NONE,
+    ),
 }
 
 

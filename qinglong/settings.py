@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "placement",
     "leases",
     "accounts",
+    "schedules",
     "console",
 ]
 

@@ -14,6 +14,7 @@ urlpatterns = [
     path("api/v1/ops/", include("api.runs.urls")),
     path("api/v1/ops/", include("api.placement.urls")),
     path("api/v1/ops/", include("api.fleet.urls")),
+    path("api/v1/ops/", include("api.schedules.urls")),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
 ]
 

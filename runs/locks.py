@@ -23,6 +23,14 @@ def lock_task(task_id: uuid.UUID) -> Task | None:
     return Task.objects.select_for_update(of=("self",)).filter(pk=task_id).first()
 
 
+def try_lock_task(task_id: uuid.UUID) -> Task | None:
+    """Lock one task unless another transaction holds it (``SKIP LOCKED``); None if skipped or gone.
+
+    For a schedule's admission (``schedules.locks``), which never waits for another replica's.
+    """
+    return Task.objects.select_for_update(of=("self",), skip_locked=True).filter(pk=task_id).first()
+
+
 def lock_run(run_id: uuid.UUID) -> Run:
     """``SELECT … FOR UPDATE`` one run. Raises ``run_not_found``."""
     run = Run.objects.select_for_update(of=("self",)).filter(pk=run_id).first()

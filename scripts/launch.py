@@ -1,12 +1,15 @@
-"""`make run`: the control plane plus one real local worker, executing four sample runs.
+"""`make run`: the control plane plus one real local worker, executing four sample runs and one
+scheduled sample.
 
 Steps: migrate the SQLite default, create an operator login (printed), start the control plane
 (``manage.py serve``: waitress + the in-process sweep loop), enroll a local worker with a fresh
 single-use token, start ``qinglong-worker run`` as a separate process under a small supervisor
 (restarted when it exits fenced, status 3 — kill it to watch generation 2 take over), create four
-sample tasks through the operator API and enqueue one run of each, then print each outcome as it
-lands. ``ONCE=1`` stops after the samples (drain, offline, shutdown) and exits 0 only if every
-sample ended as expected; otherwise it keeps serving the admin until Ctrl-C.
+sample tasks through the operator API and enqueue one run of each, schedule a fifth task every
+minute (``* * * * *``, UTC), then print each outcome as it lands and each scheduled fire.
+``ONCE=1`` stops after the samples and the first scheduled fire (drain, offline, shutdown) and
+exits 0 only if every sample ended as expected; otherwise it keeps serving the admin (and the
+schedule keeps firing) until Ctrl-C.
 
 This script imports no Django: it drives the product the way an operator would.
 """
@@ -60,6 +63,17 @@ SAMPLES = [
         ("timed_out", None),
     ),
 ]
+
+
+SCHEDULED = (
+    "sample-every-minute",
+    {
+        "executor": "shell",
+        "timeoutSeconds": 30,
+        "command": 'echo "scheduled run at $(date -u +%H:%M:%S) UTC"',
+    },
+    {"cron": "* * * * *", "timezone": "UTC", "overlap": "skip", "misfire": "run_once"},
+)
 
 
 def say(message: str) -> None:
@@ -188,6 +202,54 @@ def ensure_task(operator: Operator, name: str, spec: dict) -> None:
     raise SystemExit(f"could not create task {name}: {status} {body}")
 
 
+def ensure_schedule(operator: Operator) -> dict:
+    """The scheduled sample's schedule: the one an earlier `make run` created, or a new one."""
+    name, spec, schedule = SCHEDULED
+    ensure_task(operator, name, spec)
+    status, existing = operator.call("GET", f"/api/v1/ops/schedules?task={name}")
+    if status == 200 and existing:
+        return existing[0]
+    status, body = operator.call("POST", "/api/v1/ops/schedules", {"task": name, **schedule})
+    if status != 201:
+        raise SystemExit(f"could not schedule {name}: {status} {body}")
+    return body
+
+
+class FireWatcher:
+    """Prints each new fire of the scheduled sample (its outcome, and its run once it ends)."""
+
+    def __init__(self, operator: Operator, schedule_id: str) -> None:
+        self.operator = operator
+        self.path = f"/api/v1/ops/schedules/{schedule_id}"
+        self.reported: set[str] = set()
+        _, body = operator.call("GET", self.path)
+        self.known = {fire["fireAt"] for fire in body.get("recentFires", [])}
+        self.succeeded = 0
+
+    def poll(self) -> None:
+        status, body = self.operator.call("GET", self.path)
+        if status != 200:
+            return
+        for fire in reversed(body["recentFires"]):
+            key = fire["fireAt"]
+            if key in self.known or key in self.reported:
+                continue
+            if fire["runId"] is None:
+                self.reported.add(key)
+                say(f"schedule {SCHEDULED[0]}: fire {key} {fire['outcome']} (x{fire['fires']})")
+                continue
+            status, run = self.operator.call("GET", f"/api/v1/ops/runs/{fire['runId']}")
+            if status != 200 or run["state"] not in TERMINAL:
+                continue
+            self.reported.add(key)
+            self.succeeded += run["state"] == "succeeded"
+            tail = ((run["attempts"] or [{}])[-1].get("stdoutTail") or "").strip().splitlines()
+            say(
+                f"{'ok ' if run['state'] == 'succeeded' else 'BAD'} {SCHEDULED[0]}: fire {key} -> run "
+                f"{run['id']} {run['state']}" + (f" — {tail[-1][:80]}" if tail else "")
+            )
+
+
 def main() -> int:
     VAR.mkdir(parents=True, exist_ok=True)
     say("migrating the SQLite database in var/")
@@ -237,10 +299,24 @@ def main() -> int:
                 raise SystemExit(f"could not enqueue {name}: {status} {run}")
             runs[run["id"]] = (name, expected)
             say(f"queued {name}: run {run['id']}")
+        schedule = ensure_schedule(operator)
+        say(
+            f"scheduled {SCHEDULED[0]}: cron {schedule['cron']!r} in {schedule['timezone']}, "
+            f"next fires {', '.join(schedule['nextFireTimes'][:3])}"
+        )
+        fires = FireWatcher(operator, schedule["id"])
         ok = watch(operator, runs, supervisor)
+        deadline = time.monotonic() + 90  # the next minute, plus a sweep interval and the run itself
+        while ONCE and not fires.succeeded and time.monotonic() < deadline:
+            fires.poll()
+            time.sleep(1)
+        if ONCE and not fires.succeeded:
+            say(f"BAD {SCHEDULED[0]}: no scheduled run succeeded within 90 s")
+            ok = False
         if not ONCE:
             say(f"serving the admin at {SERVER}/admin/ — Ctrl-C to stop (drain, offline, shutdown)")
             while server.poll() is None:
+                fires.poll()
                 time.sleep(1)
             say(f"the control plane exited with {server.returncode}")
             ok = False

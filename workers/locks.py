@@ -4,6 +4,9 @@ Global lock order (every write path takes its locks in this order, which rules o
 
     worker  ->  session  ->  run (by primary key)  ->  attempt  ->  lease
 
+(A schedule's admission locks task -> schedule, before anything above, and locks no run:
+``schedules/locks.py``.)
+
 A worker-scoped path (registration, heartbeat writes, drain, offline, claim, ACKs, renew,
 completion, revocation) locks the worker row first; everything it then reads about the worker's
 sessions is serialised against every other such path. Sessions, attempts and leases are changed

@@ -146,6 +146,12 @@ class RunOutSerializer(serializers.Serializer):
     createdAt = serializers.DateTimeField(source="created_at")
     startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
     finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
+    scheduleId = serializers.UUIDField(
+        source="schedule_fire.schedule_id", allow_null=True, help_text="the schedule whose fire started it"
+    )
+    scheduleFireAt = serializers.DateTimeField(
+        source="schedule_fire.fire_at", allow_null=True, help_text="that fire's nominal time"
+    )
     attempts = AttemptOutSerializer(many=True)
 
 

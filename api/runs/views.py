@@ -26,7 +26,7 @@ CURSOR = [
 
 
 def _run_queryset():
-    return Run.objects.select_related("task", "revision").prefetch_related(
+    return Run.objects.select_related("task", "revision", "schedule_fire").prefetch_related(
         Prefetch("attempts", queryset=RunAttempt.objects.select_related("worker").order_by("number"))
     )
 

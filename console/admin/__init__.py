@@ -3,6 +3,6 @@
 Django's admin autodiscovery imports this package; importing each module registers its admins.
 """
 
-from . import accounts, audit, leases, runs, workers
+from . import accounts, audit, leases, runs, schedules, workers
 
-__all__ = ["accounts", "audit", "leases", "runs", "workers"]
+__all__ = ["accounts", "audit", "leases", "runs", "schedules", "workers"]

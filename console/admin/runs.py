@@ -664,6 +664,7 @@ class RunAdmin(ReadOnlyAdmin):
         "priority",
         "times",
         "why_waiting_detail",
+        "scheduled_by",
         "attempts_table",
         "output",
         "timeline",
@@ -742,6 +743,18 @@ class RunAdmin(ReadOnlyAdmin):
             when(run.started_at),
             when(run.finished_at),
             format_html("<br>next attempt {}", when(run.next_attempt_at)) if run.next_attempt_at else "",
+        )
+
+    @admin.display(description="started by schedule")
+    def scheduled_by(self, run):
+        fire = getattr(run, "schedule_fire", None) if run.pk else None
+        if fire is None:
+            return "—"
+        return format_html(
+            '<a href="{}">{}</a> — fire of {}',
+            reverse("admin:schedules_schedule_change", args=[fire.schedule_id]),
+            short_id(fire.schedule_id),
+            when(fire.fire_at),
         )
 
     @admin.display(description="why waiting")

@@ -9,7 +9,10 @@ from actions.sweeps import loop, run_cycle
 
 
 class Command(BaseCommand):
-    help = "Expire lapsed sessions and leases, queue due retries, refresh pending placement summaries."
+    help = (
+        "Expire lapsed sessions and leases, queue due retries, admit due schedule fires, "
+        "refresh pending placement summaries."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--loop", action="store_true")
