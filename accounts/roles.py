@@ -51,7 +51,6 @@ _ADMINISTER = _OPERATE | {
     "runs.add_taskrevision",
     "schedules.add_schedule",
     "schedules.change_schedule",
-    "schedules.delete_schedule",
     "auth.view_user",
     "auth.add_user",
     "auth.change_user",

@@ -63,7 +63,7 @@ def _spec_fields(spec: ScheduleSpec) -> dict[str, object]:
 
 @write_path
 def schedule_create(
-    *, task_id: uuid.UUID, spec: ScheduleSpec, user=None, actor_type: str = ActorType.OPERATOR
+    *, task_id: uuid.UUID, spec: ScheduleSpec, user=None, actor_type: str = ActorType.OPERATOR, role: str = ""
 ) -> Schedule:
     """Create a schedule on a task; its first fire is the first after now (database clock).
 
@@ -84,7 +84,7 @@ def schedule_create(
         "schedule.created",
         actor_type=actor_type,
         actor=_actor(user),
-        data={"schedule": str(schedule.pk), "task": str(task_id)},
+        data={"schedule": str(schedule.pk), "task": str(task_id), "role": role},
     )
     return schedule
 
@@ -97,6 +97,7 @@ def schedule_update(
     expected_version: int | None = None,
     user=None,
     actor_type: str = ActorType.OPERATOR,
+    role: str = "",
 ) -> Schedule:
     """Replace a schedule's settings (compare-and-swap on ``version``).
 
@@ -132,14 +133,16 @@ def schedule_update(
         "schedule.changed",
         actor_type=actor_type,
         actor=_actor(user),
-        data={"schedule": str(schedule.pk), "changed": changed},
+        data={"schedule": str(schedule.pk), "changed": changed, "role": role},
     )
     schedule.refresh_from_db()
     return schedule
 
 
 @write_path
-def schedule_delete(*, schedule_id: uuid.UUID, user=None, actor_type: str = ActorType.OPERATOR) -> None:
+def schedule_delete(
+    *, schedule_id: uuid.UUID, user=None, actor_type: str = ActorType.OPERATOR, role: str = ""
+) -> None:
     """Delete a schedule and its fire history (runs it started stay). Writes ``schedule.deleted``.
 
     Raises ``schedule_not_found``.
@@ -151,7 +154,7 @@ def schedule_delete(*, schedule_id: uuid.UUID, user=None, actor_type: str = Acto
         "schedule.deleted",
         actor_type=actor_type,
         actor=_actor(user),
-        data={"schedule": str(schedule_id), "task": str(task_id)},
+        data={"schedule": str(schedule_id), "task": str(task_id), "role": role},
     )
 
 

@@ -1,5 +1,6 @@
 """Schedules take the permissions of tasks (``docs/schedules.md``): viewers read them, admins
-create, change and delete them. The whole table is frozen here again, as in ``0002``."""
+create and change them (and disable rather than delete: like a task, only a superuser deletes
+one). The whole table is frozen here again, as in ``0002``."""
 
 from django.apps import apps as global_apps
 from django.contrib.auth.management import create_permissions
@@ -34,7 +35,6 @@ _ADMINISTER = _OPERATE | {
     "runs.add_taskrevision",
     "schedules.add_schedule",
     "schedules.change_schedule",
-    "schedules.delete_schedule",
     "auth.view_user",
     "auth.add_user",
     "auth.change_user",

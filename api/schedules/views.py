@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.permissions import DjangoModelPermissions
 from rest_framework.response import Response
 
 from actions.schedules import schedule_create, schedule_delete, schedule_update
@@ -27,20 +26,8 @@ MAX_LIST = 100
 RECENT_FIRES = 10
 
 
-class ScheduleModelPermissions(DjangoModelPermissions):
-    """Django model permissions, reads included: GET needs ``view``, POST ``add``, PATCH ``change``,
-    DELETE ``delete`` (superusers hold them all)."""
-
-    perms_map = {
-        **DjangoModelPermissions.perms_map,
-        "GET": ["%(app_label)s.view_%(model_name)s"],
-        "HEAD": ["%(app_label)s.view_%(model_name)s"],
-    }
-
-
 class ScheduleAPIView(OperatorAPIView):
-    permission_classes = [*OperatorAPIView.permission_classes, ScheduleModelPermissions]
-    queryset = Schedule.objects.none()  # read by the permission class for the model's name only
+    """Schedules take the model permissions of ``schedules.Schedule`` (``docs/schedules.md``)."""
 
 
 def _detail(schedule_id) -> Schedule:
@@ -53,6 +40,8 @@ def _detail(schedule_id) -> Schedule:
 class ScheduleListView(ScheduleAPIView):
     """Create a schedule on a task (POST); list schedules, optionally of one task (GET)."""
 
+    permissions = {"GET": "schedules.view_schedule", "POST": "schedules.add_schedule"}
+
     @extend_schema(request=s.ScheduleCreateSerializer, responses={201: s.ScheduleDetailSerializer})
     def post(self, request):
         serializer = s.ScheduleCreateSerializer(data=request.data)
@@ -63,6 +52,7 @@ class ScheduleListView(ScheduleAPIView):
             spec=rules.ScheduleSpec(**serializer.spec_changes()),
             user=request.user,
             actor_type=ActorType.API_APP,
+            role=self.role,
         )
         return Response(s.ScheduleDetailSerializer(_detail(schedule.pk)).data, status=201)
 
@@ -82,6 +72,11 @@ class ScheduleDetailView(ScheduleAPIView):
     """One schedule: settings, next fire times, last fire and its run, recent fire decisions."""
 
     http_method_names = ["get", "patch", "delete", "options"]
+    permissions = {
+        "GET": "schedules.view_schedule",
+        "PATCH": "schedules.change_schedule",
+        "DELETE": "schedules.delete_schedule",
+    }
 
     @extend_schema(responses={200: s.ScheduleDetailSerializer})
     def get(self, request, schedule_id):
@@ -100,12 +95,15 @@ class ScheduleDetailView(ScheduleAPIView):
             expected_version=serializer.validated_data.get("expectedVersion", current.version),
             user=request.user,
             actor_type=ActorType.API_APP,
+            role=self.role,
         )
         return Response(s.ScheduleDetailSerializer(_detail(schedule.pk)).data)
 
     @extend_schema(responses={204: None})
     def delete(self, request, schedule_id):
-        schedule_delete(schedule_id=schedule_id, user=request.user, actor_type=ActorType.API_APP)
+        schedule_delete(
+            schedule_id=schedule_id, user=request.user, actor_type=ActorType.API_APP, role=self.role
+        )
         return Response(status=204)
 
 
@@ -139,6 +137,7 @@ class SchedulePreviewView(OperatorAPIView):
     """The next ``count`` fire times of an expression in a zone after an instant (default now)."""
 
     http_method_names = ["get", "options"]
+    permissions = {"GET": "schedules.view_schedule"}
 
     @extend_schema(
         parameters=[

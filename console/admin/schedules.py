@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from actions.schedules import schedule_create, schedule_delete, schedule_update
-from console.admin.base import ModelAdmin
+from console.admin.base import ModelAdmin, acting_role
 from core.errors import DomainError
 from schedules import rules, selectors
 from schedules.models import MisfirePolicy, OverlapPolicy, Schedule, ScheduleFire
@@ -243,18 +243,21 @@ class ScheduleAdmin(ModelAdmin):
                 spec=spec,
                 expected_version=expected if expected is not None else obj.version,
                 user=request.user,
+                role=acting_role(request),
             )
         else:
-            saved = schedule_create(task_id=form.cleaned_data["task"].pk, spec=spec, user=request.user)
+            saved = schedule_create(
+                task_id=form.cleaned_data["task"].pk, spec=spec, user=request.user, role=acting_role(request)
+            )
         obj.pk, obj.version = saved.pk, saved.version
         obj._state.adding = False
 
     def delete_model(self, request, obj):
-        schedule_delete(schedule_id=obj.pk, user=request.user)
+        schedule_delete(schedule_id=obj.pk, user=request.user, role=acting_role(request))
 
     def delete_queryset(self, request, queryset):
         for schedule_id in queryset.values_list("pk", flat=True):
-            schedule_delete(schedule_id=schedule_id, user=request.user)
+            schedule_delete(schedule_id=schedule_id, user=request.user, role=acting_role(request))
 
 
 admin.site.register(Schedule, ScheduleAdmin)

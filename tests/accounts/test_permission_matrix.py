@@ -12,9 +12,11 @@ from django.contrib import admin
 from django.contrib.auth.models import Group
 
 from accounts.models import ApiToken
+from actions.schedules import schedule_create
 from audit.models import Event
 from console.admin.base import ReadOnlyAdmin
 from runs.models import Task
+from schedules.rules import ScheduleSpec
 from tests.accounts.world import ROLES, World, build_world, changed_tables, fingerprint, token_of, user_in
 from tests.api.test_routes import routes
 from tests.helpers import api_token, operator_user
@@ -59,6 +61,12 @@ API_ACTS: list[tuple[str, Callable[[World], str], Callable[[World], dict], set[s
         ADMINISTER,
     ),
     ("run task", lambda w: "/api/v1/ops/runs", lambda w: {"task": w.task_name}, OPERATE),
+    (
+        "create schedule",
+        lambda w: "/api/v1/ops/schedules",
+        lambda w: {"task": w.task_name, "cron": "0 3 * * *"},
+        ADMINISTER,
+    ),
     ("cancel run", lambda w: f"/api/v1/ops/runs/{w.queued_run_id}/cancel", lambda w: {}, OPERATE),
     ("retry run", lambda w: f"/api/v1/ops/runs/{w.finished_run_id}/retry", lambda w: {}, OPERATE),
 ]
@@ -129,6 +137,7 @@ ADMIN_ACTS: dict[tuple[str, str], tuple[set[str], Callable[[World], object]]] = 
     ("runs.run", "cancel"): (OPERATE, lambda w: w.queued_run_id),
     ("runs.run", "retry"): (OPERATE, lambda w: w.finished_run_id),
     ("accounts.apitoken", "delete_selected"): (ADMINISTER, lambda w: _some_token()),
+    ("schedules.schedule", "delete_selected"): ({"superuser"}, lambda w: _some_schedule(w)),
     ("auth.user", "delete_selected"): (SUPERUSER, lambda w: _bystander()),
     ("auth.group", "delete_selected"): (SUPERUSER, lambda w: _group("viewer")),
 }
@@ -141,6 +150,11 @@ def _task_pk(world):
 def _some_token():
     api_token(operator_user("token-holder", role="viewer"), role="viewer")
     return ApiToken.objects.get(user__username="token-holder").pk
+
+
+def _some_schedule(world: World):
+    """A schedule on the world's task, made through its write path (deleting it is an admin act)."""
+    return schedule_create(task_id=_task_pk(world), spec=ScheduleSpec(cron="0 3 * * *")).pk
 
 
 def _bystander():

@@ -8,11 +8,10 @@ import uuid
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from rest_framework.authtoken.models import Token
 
 from audit.models import Event
 from schedules.models import Schedule
-from tests.helpers import make_revision
+from tests.helpers import api_token, make_revision
 
 pytestmark = pytest.mark.django_db
 PREVIEW = "/api/v1/ops/schedules/preview"
@@ -25,7 +24,7 @@ def operator(client, username="op", *, superuser=True, perms=()):
         user.user_permissions.add(
             Permission.objects.get(codename=codename, content_type__app_label="schedules")
         )
-    headers = {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+    headers = {"Authorization": f"Token {api_token(user, role='admin', check=False)}"}
 
     class Caller:
         def get(self, path, params=None):
@@ -159,7 +158,11 @@ def test_create_read_change_delete_a_schedule_audited(client):
     disabled = ops.patch(path, {"enabled": False})
     assert (disabled.json()["nextFireAt"], disabled.json()["nextFireTimes"]) == (None, [])
 
-    assert ops.delete(path).status_code == 204
+    # Like a task, a schedule is disabled rather than deleted: an admin-role token may not delete
+    # one; a superuser (here by console session) may.
+    assert ops.delete(path).status_code == 403
+    client.force_login(get_user_model().objects.get(username="op"))
+    assert client.delete(path).status_code == 204
     assert ops.get(path).status_code == 404
     kinds = list(
         Event.objects.filter(kind__startswith="schedule.").order_by("id").values_list("kind", "actor_type")
@@ -237,9 +240,15 @@ def test_each_act_needs_its_model_permission(client):
     assert Schedule.objects.get().enabled is False
 
 
-def test_non_staff_users_are_refused_even_with_the_permission(client):
+def test_a_token_acts_with_no_more_than_its_role(client):
+    """Roles decide, not the staff flag (``docs/operators.md``): a viewer-scoped token of a user
+    who may add schedules reads them but cannot create one."""
     user = get_user_model().objects.create_user("outsider", is_staff=False)
-    user.user_permissions.add(Permission.objects.get(codename="view_schedule"))
-    token = Token.objects.create(user=user)
-    answer = client.get(SCHEDULES, headers={"Authorization": f"Token {token.key}"})
+    for codename in ("view_schedule", "add_schedule"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    headers = {"Authorization": f"Token {api_token(user, role='viewer', check=False)}"}
+    assert client.get(SCHEDULES, headers=headers).status_code == 200
+    answer = client.post(
+        SCHEDULES, {"task": "x", "cron": "* * * * *"}, content_type="application/json", headers=headers
+    )
     assert answer.status_code == 403
