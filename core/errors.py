@@ -28,6 +28,12 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "json_invalid_string": ErrorSpec(400, "A string holds a lone surrogate or a control character."),
     "content_length_invalid": ErrorSpec(400, "The Content-Length header is not a non-negative integer."),
     "body_too_large": ErrorSpec(413, "The body exceeds the endpoint's size limit (checked before parsing)."),
+    "headers_too_large": ErrorSpec(
+        431, "The request carries more header fields, or a larger header block, than the server accepts."
+    ),
+    "request_timeout": ErrorSpec(
+        408, "The request body did not arrive within the server's body timeout; the connection is closed."
+    ),
     "unsupported_media_type": ErrorSpec(415, "The body is not application/json."),
     "method_not_allowed": ErrorSpec(405, "The endpoint does not accept this HTTP method."),
     "not_found": ErrorSpec(404, "No such resource."),
@@ -58,10 +64,6 @@ CATALOGUE: dict[str, ErrorSpec] = {
     ),
     "worker_not_enrolled": ErrorSpec(
         409, "The worker has no active credential to rotate (never enrolled or revoked)."
-    ),
-    "signature_predates_restart": ErrorSpec(
-        503,
-        "Signed before this control-plane process started; its nonce store cannot vouch for it. Sign again.",
     ),
     "principal_mismatch": ErrorSpec(403, "A body/path worker id differs from the authenticated worker."),
     "worker_credential_forbidden": ErrorSpec(403, "Worker credentials cannot reach operator endpoints."),

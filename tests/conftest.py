@@ -57,17 +57,6 @@ def _fresh_cache():
         cache.clear()
 
 
-@pytest.fixture(autouse=True)
-def _long_running_server(monkeypatch):
-    """Tests sign requests seconds after this process started; a standalone server refuses
-    signatures from its first SIGNATURE_FUTURE_SKEW_SECONDS (a replay it cannot rule out), so tests
-    run as if the server had been up for an hour. The refusal itself is tested explicitly
-    (tests/workers/test_auth_signatures.py, tests/workers/test_auth_replay_store.py)."""
-    from api import auth
-
-    monkeypatch.setattr(auth, "PROCESS_STARTED", auth.PROCESS_STARTED - 3600)
-
-
 @pytest.fixture
 def protocol_settings(settings):
     """Adjust ``settings.QINGLONG`` keys for one test: ``protocol_settings(RUN_LEASE_SECONDS=4)``."""

@@ -146,3 +146,19 @@ class SignedClient:
         return self.client.generic(
             "POST", path, raw, content_type="application/json", headers={**signed, **(headers or {})}
         )
+
+
+
+#: The standalone replay store (``workers.nonces``: authentication, like Redis in the cluster
+#: profile) and the transaction around its insert are not repository access.
+_REPLAY_TABLE = "workers_replaynonce"
+_TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK")
+
+
+def repository_queries(queries) -> list[str]:
+    """The SQL of a ``CaptureQueriesContext`` minus the replay store's own statements."""
+    return [
+        q["sql"]
+        for q in queries
+        if _REPLAY_TABLE not in q["sql"] and not q["sql"].lstrip().upper().startswith(_TRANSACTION_CONTROL)
+    ]
