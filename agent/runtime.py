@@ -112,6 +112,15 @@ class Stop(Exception):
 
 #: Longest honoured Retry-After, seconds (a misconfigured server must not park the agent).
 MAX_RETRY_AFTER = 60.0
+#: A call that keeps failing for less than this long — a control-plane restart — logs its retries
+#: at INFO; past it, at WARNING (an outage someone should look at).
+QUIET_RETRY_SECONDS = 15.0
+
+
+def _log_retry(path: str, retry_state: RetryCallState) -> None:
+    exc = retry_state.outcome.exception() if retry_state.outcome else None
+    quiet = (retry_state.seconds_since_start or 0.0) < QUIET_RETRY_SECONDS
+    log.log(logging.INFO if quiet else logging.WARNING, "retrying %s: %s", path, exc)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -219,7 +228,7 @@ class Agent:
             wait=backoff(self.settings.backoff_max),
             stop=stop_any(*stops),
             reraise=True,
-            before_sleep=lambda rs: log.warning("retrying %s: %s", path, rs.outcome.exception()),
+            before_sleep=lambda rs: _log_retry(path, rs),
         )
         try:
             return retrying(lambda: self.client.post(path, body))

@@ -73,7 +73,7 @@ def manage(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -
 
 
 class ControlPlane:
-    """``manage.py serve`` (waitress + in-process sweeps) on the test database; stop/start at will."""
+    """``manage.py serve`` (Granian + in-process sweeps) on the test database; stop/start at will."""
 
     def __init__(self, log_dir: Path, **settings: str) -> None:
         self.port = free_port()
@@ -114,9 +114,9 @@ class ControlPlane:
     def _answers(self) -> bool:
         if self.process.poll() is not None:
             raise AssertionError(f"manage.py serve exited with {self.process.returncode}: {self.log()}")
-        try:
-            with urllib.request.urlopen(self.url + "/api/v1/schema", timeout=2):
-                return True
+        try:  # /healthz answers this JSON only from this project's server, not from a stranger
+            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as answer:
+                return answer.read() == b'{"status": "ok"}'
         except (urllib.error.URLError, OSError):
             return False
 

@@ -14,11 +14,12 @@ run it here as well (cycles are safe to overlap).
 
 import multiprocessing
 import os
+import socket
 import threading
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from granian.constants import HTTPModes, Interfaces
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
@@ -47,6 +48,19 @@ def forget_dead_processes(directory: Path) -> int:
     return removed
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise CommandError when ``host:port`` cannot be bound. Granian's server processes bind with
+    ``SO_REUSEPORT``, which would let a second control plane share a port with the first (or fail
+    in a loop); one plain bind first makes a taken port an error at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is fine
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 class Command(BaseCommand):
     help = "Serve the control plane (Granian, ASGI) with the in-process sweep loop."
 
@@ -71,6 +85,7 @@ class Command(BaseCommand):
             # Read by qinglong.asgi in the server processes (they inherit this environment).
             os.environ["QINGLONG_MAX_ACTIVE_REQUESTS"] = str(options["threads"])
         limits = settings.QINGLONG_SERVER
+        check_port_free(options["host"], options["port"])
         forget_dead_processes(settings.PROMETHEUS_MULTIPROC_DIR)
         # Server processes start fresh (spawn), never as a fork of this one: the sweep thread
         # and its database connection must not be copied into them mid-flight.
@@ -94,7 +109,9 @@ class Command(BaseCommand):
             log_level=LogLevels.warning,
             log_dictconfig=settings.LOGGING,
             log_access=False,  # qinglong.access writes the access log (request id, worker/user)
-            respawn_failed_workers=True,
+            # A server process that dies takes the whole server down (exit 1): systemd restarts it
+            # (Restart=on-failure) instead of Granian respawning a process that cannot bind.
+            respawn_failed_workers=False,
         )
         stop = threading.Event()
         sweeping = not options["no_sweep"] and (options["sweep"] or not is_cluster())
