@@ -12,6 +12,7 @@ serve requests. In the cluster-control profile Celery beat runs the cycle; pass 
 run it here as well (cycles are safe to overlap).
 """
 
+import logging
 import multiprocessing
 import os
 import socket
@@ -27,6 +28,8 @@ from granian.server import Server
 
 from actions.sweeps import loop
 from core.conf import is_cluster
+
+log = logging.getLogger("qinglong.serve")
 
 
 def forget_dead_processes(directory: Path) -> int:
@@ -119,12 +122,15 @@ class Command(BaseCommand):
             threading.Thread(
                 target=loop, args=(stop, options["sweep_interval"]), name="sweep-loop", daemon=True
             ).start()
-        self.stdout.write(
-            f"control plane on http://{options['host']}:{options['port']}/ "
-            f"(profile {settings.QINGLONG_PROFILE}, {options['workers']} server process(es), "
-            f"sweeps {'in-process' if sweeping else 'elsewhere'})"
+        # A log line, not stdout: under QINGLONG_LOG_FORMAT=json it is JSON like every other line.
+        log.info(
+            "control plane on http://%s:%s/ (profile %s, %s server process(es), sweeps %s)",
+            options["host"],
+            options["port"],
+            settings.QINGLONG_PROFILE,
+            options["workers"],
+            "in-process" if sweeping else "elsewhere",
         )
-        self.stdout.flush()
         try:
             server.serve()
         finally:
