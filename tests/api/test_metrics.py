@@ -7,6 +7,7 @@ completes a run.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import urllib.request
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actions.enrollment import enrollment_token_create, worker_create
 from runs.models import Run
-from tests.agent.processes import Agent, ControlPlane, wait_for
+from tests.agent.processes import ROOT, Agent, ControlPlane, wait_for
 from tests.helpers import enqueue, make_revision
 
 SERIES = {
@@ -112,3 +113,14 @@ def test_the_series_move_when_a_real_agent_claims_and_completes_a_run(tmp_path):
     assert after[("qinglong_workers", (("state", "active"),))] == 1
     assert after[("qinglong_leases_active", (("state", "running"),))] == 0
     assert after[("qinglong_nonce_store_rows", ())] > before[("qinglong_nonce_store_rows", ())]
+
+
+def test_the_example_grafana_dashboard_queries_only_series_that_exist():
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    queried = {
+        re.sub(r"_(total|bucket|count|sum)$", "", name)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"qinglong_[a-z_]+", target["expr"])
+    }
+    assert queried and queried <= SERIES, queried - SERIES
