@@ -28,7 +28,8 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+#: Any ASGI application (Django's handler types its arguments a little differently).
+ASGIApp = Callable[..., Awaitable[None]]
 
 #: Paths that never wait for a slot: liveness must answer while every slot is busy.
 UNQUEUED_PATHS = frozenset({"/healthz"})
