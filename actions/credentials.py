@@ -1,4 +1,5 @@
-"""Key rotation: a worker installs a new key, or an operator forces it to (ADR-0012 §1, §2; ``docs/transport.md``).
+"""Key rotation: a worker installs a new key, or an operator forces it to (ADR-0012 §1, §2;
+``docs/transport.md``).
 
 A rotation, signed by the current key, installs a new key and leaves the old one valid only for
 ``ROTATION_GRACE_SECONDS``. Every change evicts the credential cache once it commits.
@@ -78,11 +79,15 @@ def credential_rotate(*, worker_id: uuid.UUID, credential_id: str, public_key: s
     caller = next((credential for credential in live if credential.pk == credential_id), None)
     if caller is None:
         raise DomainError("credential_revoked", "the signing credential was revoked")
-    if caller.state == CredentialState.ROTATED and caller.not_after <= now:
+    # A rotated credential always has its grace end (constraint rotated_credential_has_grace_end);
+    # were it missing, the key would be refused rather than valid for ever.
+    if caller.state == CredentialState.ROTATED and (caller.not_after is None or caller.not_after <= now):
         raise DomainError("credential_expired", "the signing credential's grace period is over")
     newest = live[0]
     if newest.pk != caller.pk:
-        if newest.public_key == public_key and live[1].pk == caller.pk:
+        # A replay: the newest credential is this caller's own rotation, so the caller is the
+        # rotated key and has its grace end.
+        if newest.public_key == public_key and live[1].pk == caller.pk and caller.not_after is not None:
             return Rotation(credential=newest, previous_valid_until=caller.not_after, replayed=True)
         raise DomainError(
             "credential_superseded",

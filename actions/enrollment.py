@@ -1,4 +1,5 @@
-"""Worker identity: create a worker, issue an enrollment token, enroll a key (ADR-0012 §1; ``docs/transport.md``).
+"""Worker identity: create a worker, issue an enrollment token, enroll a key (ADR-0012 §1;
+``docs/transport.md``).
 
 An operator creates a worker and a single-use, expiring enrollment token (shown once, stored as
 a SHA-256 digest). The agent generates an Ed25519 key pair locally and exchanges the token and

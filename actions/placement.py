@@ -1,4 +1,4 @@
-"""Placement write path: the mismatch summary of runs that wait (ADR-0012 §4, PRODUCT invariant 10).
+"""Placement write path: the mismatch summary of runs that wait (ADR-0012 §4, docs/placement.md §6).
 
 Each dispatch cycle (``actions.sweeps.run_cycle``: the in-process loop, ``manage.py sweep`` or
 Celery beat) calls :func:`refresh_placement_summaries`. It reads a bounded window of the dispatch

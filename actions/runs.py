@@ -86,7 +86,7 @@ class CancelResult:
 def run_cancel(
     *, run_id: uuid.UUID, reason: str = "", actor_type: str = ActorType.OPERATOR, actor: str = ""
 ) -> CancelResult:
-    """Record a durable cancellation request for a run (SIBLINGS §2).
+    """Record a durable cancellation request for a run (docs/leases.md, Cancellation).
 
     The first request sets ``cancel_requested_at`` and appends ``run.cancel_requested``. An attempt
     that holds no active lease (queued, retry wait) is cancelled at once with its run. A leased
@@ -147,7 +147,7 @@ def run_cancel(
 
 @write_path
 def run_requeue(*, run_id: uuid.UUID) -> Run | None:
-    """When a ``retry_wait`` run is due: queue it with attempt N+1 (SIBLINGS §1 transaction 2).
+    """When a ``retry_wait`` run is due: queue it with attempt N+1 (docs/leases.md, States — transaction 2).
 
     All or nothing: run → queued, ``attempt_count`` + 1, a new ``claimed`` attempt (which shares
     no worker, session, lease or handle with earlier ones), ``run.queued`` + ``attempt.claimed``.

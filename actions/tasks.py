@@ -20,6 +20,7 @@ from core.errors import DomainError
 from placement import spec as placement_spec
 from protocol.errors import ProtocolError
 from protocol.strictjson import display_key
+from runs.locks import lock_task
 from runs.models import LostRetry, Task, TaskRevision
 from runs.revisions import (
     ENV_NAME,
@@ -88,7 +89,7 @@ def _validate(spec: RevisionSpec) -> placement_spec.PlacementSpec:
 
 
 def _spec_sha256(spec: RevisionSpec, placement: placement_spec.PlacementSpec) -> str:
-    content = {
+    content: dict[str, str | int | dict[str, str]] = {
         "executor": spec.executor,
         "command": spec.command,
         "env": spec.env,
@@ -147,7 +148,7 @@ def task_create(*, name: str, spec: RevisionSpec, description: str = "", user=No
 def revision_create(*, task_id: uuid.UUID, spec: RevisionSpec, user=None) -> TaskRevision:
     """Add a new immutable revision to a task; runs enqueued later pin it. Raises as task_create."""
     placement = _validate(spec)
-    task = Task.objects.select_for_update().filter(pk=task_id).first()
+    task = lock_task(task_id)
     if task is None:
         raise DomainError("task_not_found", "no such task", field="taskId")
     latest = task.revisions.order_by("-number").values_list("number", flat=True).first() or 0

@@ -30,7 +30,7 @@ from workers.models import (
 
 @write_path
 def worker_revoke(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
-    """Operator: revoke a worker for good (ADR-0012 §1, PRODUCT invariant 11).
+    """Operator: revoke a worker for good (ADR-0012 §1, docs/transport.md §5).
 
     In one transaction: worker → revoked, every credential revoked, the live session fenced,
     its leases settled by ``leases.settlement`` (started attempts lost and retried per policy
@@ -105,7 +105,8 @@ def worker_undrain(*, worker_id: uuid.UUID, actor: str = "") -> Worker:
     """Operator: end an operator drain (ADR-0012 §5). A session the operator drained returns to
     ``online`` (capacity 0 until its next heartbeat reports slots, version + 1); a worker's own
     shutdown drain stays. Locks: the worker row. Writes: the worker, its session,
-    ``session.undrained`` (if one returned online) and ``worker.undrained`` events. A worker not draining is returned unchanged.
+    ``session.undrained`` (if one returned online) and ``worker.undrained`` events. A worker not draining is
+    returned unchanged.
     Raises ``worker_not_found``."""
     worker = lock_worker(worker_id)
     if worker.state != WorkerState.DRAINING:

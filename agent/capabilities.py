@@ -74,7 +74,10 @@ def _gpus() -> list[dict[str, Any]]:
     try:
         done = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError):
         return []
@@ -110,6 +113,8 @@ def detect(*, work_dir: Path, labels: dict[str, str], features: list[str] | None
     }
 
 
-def detect_valid(*, work_dir: Path, labels: dict[str, str], features: list[str] | None = None) -> dict[str, Any]:
+def detect_valid(
+    *, work_dir: Path, labels: dict[str, str], features: list[str] | None = None
+) -> dict[str, Any]:
     """Detect and validate (raises protocol.errors.ProtocolError naming the bad field)."""
     return snapshot(detect(work_dir=work_dir, labels=labels, features=features)).document

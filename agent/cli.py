@@ -16,17 +16,24 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pwd
 import sys
 from pathlib import Path
+from typing import cast
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from protocol import messages as m
 from protocol import wire
 from protocol.errors import ProtocolError
 from protocol.signing import public_key_text
 
 from . import __version__
-from .client import DEFAULT_TIMEOUT, MAX_TIMEOUT
+from .calls import Stop
+from .capabilities import detect_valid
+from .client import DEFAULT_TIMEOUT, MAX_TIMEOUT, ApiError, Client, TransportError
+from .rotation import rotate_key
+from .runtime import Agent, Settings
 from .state import Credential, StateDir, StateError, default_state_dir
 
 
@@ -54,15 +61,28 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--label", type=_label, action="append", default=[], help="KEY=VALUE, repeatable")
     run.add_argument("--feature", action="append", default=[], help="capability feature, repeatable")
     run.add_argument("--drain-timeout", type=float, default=60.0, help="seconds to wait for running attempts")
-    run.add_argument("--work-dir", type=Path, default=None, help="where attempts run (default: state dir/work)")
-    run.add_argument("--job-user", default=None,
-                     help="run every job as this user (the agent must run as root): a job then cannot "
-                          "signal, stop or inspect the agent or its guard")
+    run.add_argument(
+        "--work-dir", type=Path, default=None, help="where attempts run (default: state dir/work)"
+    )
+    run.add_argument(
+        "--job-user",
+        default=None,
+        help="run every job as this user (the agent must run as root): a job then cannot "
+        "signal, stop or inspect the agent or its guard",
+    )
     run.add_argument("--poll-max", type=float, default=5.0, help="longest wait between idle claims, seconds")
-    run.add_argument("--backoff-max", type=float, default=8.0,
-                     help="longest wait between retries while the control plane is unreachable, seconds")
-    run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                     help=f"seconds one request may take (at most {MAX_TIMEOUT:.0f})")
+    run.add_argument(
+        "--backoff-max",
+        type=float,
+        default=8.0,
+        help="longest wait between retries while the control plane is unreachable, seconds",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds one request may take (at most {MAX_TIMEOUT:.0f})",
+    )
 
     rotate = commands.add_parser("rotate", help="replace the worker key (signed by the current one)")
     rotate.add_argument("--server", default=None, help="override the server stored at enrollment")
@@ -70,14 +90,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _enroll(args: argparse.Namespace, state: StateDir) -> int:
-    from .client import ApiError, Client, TransportError
-
     key = Ed25519PrivateKey.generate()
-    body = {"token": args.token, "publicKey": public_key_text(key.public_key()), "agentVersion": __version__}
+    body: m.Enroll = {
+        "token": args.token,
+        "publicKey": public_key_text(key.public_key()),
+        "agentVersion": __version__,
+    }
     if args.worker:
         body["workerName"] = args.worker
     try:
-        answer = Client(args.server).post(wire.ENROLL, body, signed=False)
+        answer = cast(m.EnrollAnswer, Client(args.server).post(wire.ENROLL, body, signed=False))
     except (ApiError, TransportError, ValueError) as exc:
         print(f"enrollment failed: {exc}", file=sys.stderr)
         return 1
@@ -87,10 +109,6 @@ def _enroll(args: argparse.Namespace, state: StateDir) -> int:
 
 
 def _run(args: argparse.Namespace, state: StateDir) -> int:
-    from .capabilities import detect_valid
-    from .client import Client
-    from .runtime import Agent, Settings
-
     if not 1 <= args.max_concurrent <= 256:
         print("--max-concurrent must be 1-256", file=sys.stderr)
         return 2
@@ -114,9 +132,15 @@ def _run(args: argparse.Namespace, state: StateDir) -> int:
     except ProtocolError as exc:
         print(f"cannot start: capability {exc.field}: {exc.message}", file=sys.stderr)
         return 1
-    settings = Settings(max_concurrent=args.max_concurrent, labels=dict(args.label), work_dir=work_dir,
-                        drain_timeout=args.drain_timeout, poll_max=max(1.0, args.poll_max),
-                        backoff_max=args.backoff_max, job_user=args.job_user)
+    settings = Settings(
+        max_concurrent=args.max_concurrent,
+        labels=dict(args.label),
+        work_dir=work_dir,
+        drain_timeout=args.drain_timeout,
+        poll_max=max(1.0, args.poll_max),
+        backoff_max=args.backoff_max,
+        job_user=args.job_user,
+    )
     client = Client(server, key_id=credential.credentialId, key=key, timeout=args.timeout)
     agent = Agent(client, credential, state, settings)
     return agent.run(capabilities)
@@ -124,8 +148,6 @@ def _run(args: argparse.Namespace, state: StateDir) -> int:
 
 def _prepare_job_user(user: str, work_dir: Path, state_dir: Path) -> str | None:
     """Check that jobs can run as ``user`` and give it the work directory; the problem, or None."""
-    import pwd
-
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
@@ -140,18 +162,19 @@ def _prepare_job_user(user: str, work_dir: Path, state_dir: Path) -> str | None:
 
 
 def _rotate(args: argparse.Namespace, state: StateDir) -> int:
-    from .client import ApiError, Client, TransportError
-    from .runtime import Agent, Settings, Stop
-
     try:
         credential, key = state.load()
     except StateError as exc:
         print(f"cannot rotate: {exc}", file=sys.stderr)
         return 1
-    agent = Agent(Client(args.server or credential.server, key_id=credential.credentialId, key=key), credential,
-                  state, Settings())
+    agent = Agent(
+        Client(args.server or credential.server, key_id=credential.credentialId, key=key),
+        credential,
+        state,
+        Settings(),
+    )
     try:
-        new_id = agent.rotate_key()
+        new_id = rotate_key(agent)
     except Stop as stop:
         print(stop.reason, file=sys.stderr)
         return stop.exit_code
@@ -164,8 +187,11 @@ def _rotate(args: argparse.Namespace, state: StateDir) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=os.environ.get("QINGLONG_WORKER_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s worker %(levelname)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=os.environ.get("QINGLONG_WORKER_LOG_LEVEL", "INFO"),
+        format="%(asctime)s worker %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
     state = StateDir(args.state_dir or default_state_dir())
     if args.command == "enroll":
         return _enroll(args, state)

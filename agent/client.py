@@ -16,7 +16,8 @@ import http.client
 import json
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -24,16 +25,23 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from protocol.signing import sign_request
 from protocol.strictjson import dumps
 
-#: Seconds before one request gives up (SIBLINGS §8: 15 s default, 60 s hard limit).
+#: Seconds before one request gives up by default, and the most ``--timeout`` may set.
 DEFAULT_TIMEOUT = 15.0
 MAX_TIMEOUT = 60.0
-#: Largest response body the agent reads (SIBLINGS §5: offers ≤128 KiB).
+#: Largest response body the agent reads (a claim answer's offers are at most 128 KiB).
 MAX_RESPONSE_BYTES = 256 * 1024
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, field: str | None = None,
-                 details: dict[str, Any] | None = None, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        details: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         self.status = status
         self.code = code
         self.message = message
@@ -48,8 +56,14 @@ class TransportError(Exception):
 
 
 class Client:
-    def __init__(self, server: str, *, key_id: str | None = None, key: Ed25519PrivateKey | None = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        server: str,
+        *,
+        key_id: str | None = None,
+        key: Ed25519PrivateKey | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
         parts = urlsplit(server)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"server must be an http(s) URL, not {server!r}")
@@ -66,8 +80,12 @@ class Client:
 
     def with_key(self, key_id: str, key: Ed25519PrivateKey) -> Client:
         """A client for the same server signing with another key (used by key rotation)."""
-        rotated = Client(f"{self.scheme}://{self.host}{':' + str(self.port) if self.port else ''}{self.base_path}",
-                         key_id=key_id, key=key, timeout=self.timeout)
+        rotated = Client(
+            f"{self.scheme}://{self.host}{':' + str(self.port) if self.port else ''}{self.base_path}",
+            key_id=key_id,
+            key=key,
+            timeout=self.timeout,
+        )
         rotated.clock_offset = self.clock_offset
         return rotated
 
@@ -102,7 +120,7 @@ class Client:
             conn.close()
             self._local.conn = None
 
-    def post(self, path: str, body: dict[str, Any], *, signed: bool = True) -> dict[str, Any]:
+    def post(self, path: str, body: Mapping[str, object], *, signed: bool = True) -> dict[str, Any]:
         """POST ``body`` as JSON to ``path``; return the decoded JSON answer.
 
         Raises ApiError for an error answer, TransportError when there is no usable answer.
@@ -114,8 +132,16 @@ class Client:
             if self.key is None or self.key_id is None:
                 raise RuntimeError("a signed request needs a key")
             created = datetime.datetime.fromtimestamp(time.time() + self.clock_offset, datetime.UTC)
-            headers.update(sign_request(method="POST", path=target, body=payload, key_id=self.key_id,
-                                        private_key=self.key, created=created))
+            headers.update(
+                sign_request(
+                    method="POST",
+                    path=target,
+                    body=payload,
+                    key_id=self.key_id,
+                    private_key=self.key,
+                    created=created,
+                )
+            )
         conn = self._connection()
         try:
             conn.request("POST", target, body=payload, headers=headers)
@@ -153,4 +179,4 @@ class Client:
                 decoded.get("details"),
                 float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None,
             )
-        return decoded
+        return cast(dict[str, Any], decoded)  # every worker endpoint answers a JSON object

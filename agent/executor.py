@@ -62,11 +62,11 @@ class _Tail:
     def text(self) -> str:
         """The tail as UTF-8 text: invalid bytes and NUL replaced, at most ``limit`` bytes."""
         self.thread.join(timeout=2)
-        data = b"".join(self.chunks)[-self.limit:]
+        data = b"".join(self.chunks)[-self.limit :]
         text = data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
         encoded = text.encode("utf-8")
         if len(encoded) > self.limit:
-            text = encoded[-self.limit:].decode("utf-8", errors="ignore")
+            text = encoded[-self.limit :].decode("utf-8", errors="ignore")
         return text
 
 
@@ -81,8 +81,17 @@ class Result:
 class Execution:
     """One started process. ``wait(timeout)`` polls it; ``stop(outcome)`` ends it early."""
 
-    def __init__(self, *, executor: str, command: str, env: dict[str, str], timeout_seconds: int,
-                 work_dir: Path, kill_in: float | None = None, user: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        executor: str,
+        command: str,
+        env: dict[str, str],
+        timeout_seconds: int,
+        work_dir: Path,
+        kill_in: float | None = None,
+        user: str | None = None,
+    ) -> None:
         """Start the job under its guard. ``kill_in``: the guard's first watchdog, seconds;
         ``user``: run the job as this user (the agent must be root; see agent/guard.py).
         Raises :class:`StartFailed` when the process cannot be started."""
@@ -119,9 +128,15 @@ class Execution:
         watch_read, self._watch = os.pipe()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-I", str(GUARD),
-                 *(["--kill-in", f"{max(0.0, kill_in):.3f}"] if kill_in is not None else []),
-                 *(["--user", user] if user is not None else []), "--", *argv],
+                [
+                    sys.executable,
+                    "-I",
+                    str(GUARD),
+                    *(["--kill-in", f"{max(0.0, kill_in):.3f}"] if kill_in is not None else []),
+                    *(["--user", user] if user is not None else []),
+                    "--",
+                    *argv,
+                ],
                 cwd=work_dir,
                 env={**os.environ, **env, COOKIE_VARIABLE: self.cookie},
                 stdin=watch_read,
@@ -136,6 +151,7 @@ class Execution:
             os.close(watch_read)
         self.started_monotonic = time.monotonic()
         self.started_wall = time.time()
+        assert self.process.stdout is not None and self.process.stderr is not None  # both are pipes
         self._stdout = _Tail(self.process.stdout)
         self._stderr = _Tail(self.process.stderr)
 

@@ -2,9 +2,9 @@
 
     python3 -I agent/guard.py [--kill-in SECONDS] [--user NAME] -- ARGV...
 
-The agent starts this file (not the ``agent`` package: only ``os``, ``select``, ``signal``,
-``sys``, ``time`` and, on Linux, ``ctypes`` are imported, to stay small; the agent imports its
-:func:`end_processes`) as the leader of a new process group, with the read end of a pipe as its
+The agent starts this file (not the ``agent`` package: only ``os``, ``pwd``, ``select``,
+``signal``, ``sys``, ``time`` and, on Linux, ``ctypes`` are imported, to stay small; the agent
+imports its :func:`end_processes`) as the leader of a new process group, with the read end of a pipe as its
 standard input; only the agent holds the write end. The guard runs ARGV as its child in the same
 group (as ``--user``, if given) and waits for one of four things:
 
@@ -44,11 +44,18 @@ the job as root. Without it, the guarantee covers jobs that misbehave by acciden
 SIGTERM, daemonise, fork storms, leftovers), not a job written to escape.
 """
 
+from __future__ import annotations
+
 import os
+import pwd
 import select
 import signal
 import sys
 import time
+
+TYPE_CHECKING = False  # typing is not imported at run time: the guard stays small
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 GRACE_SECONDS = 2.0
 POLL_SECONDS = 0.5
@@ -85,9 +92,11 @@ def _prctl(option: int, value: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        import ctypes
+        # Imported here, not at the top: the agent imports this module too (end_processes) and
+        # must not load ctypes; only the guard process calls prctl.
+        import ctypes  # noqa: PLC0415
 
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -106,7 +115,7 @@ def _proc_entries() -> list[tuple[int, int, bytes]] | None:
             with open(f"/proc/{name}/stat", "rb") as handle:
                 stat = handle.read()
             # "pid (comm) state ppid …": comm may hold spaces and parentheses; split after the last ")"
-            state, ppid = stat[stat.rindex(b")") + 1:].split()[:2]
+            state, ppid = stat[stat.rindex(b")") + 1 :].split()[:2]
         except (OSError, ValueError):
             continue
         entries.append((int(name), int(ppid), state))
@@ -149,8 +158,13 @@ def job_processes(root: int | None, cookie: str | None) -> list[int] | None:
     return sorted(found)
 
 
-def end_processes(root: int | None, cookie: str | None, *, timeout: float = KILL_WAIT_SECONDS,
-                  reap=None) -> bool:
+def end_processes(
+    root: int | None,
+    cookie: str | None,
+    *,
+    timeout: float = KILL_WAIT_SECONDS,
+    reap: Callable[[], object] | None = None,
+) -> bool:
     """SIGKILL every process of a job (:func:`job_processes`) until none is left.
 
     Freeze, then kill: each round sends SIGSTOP to every process found and scans again until a
@@ -213,7 +227,7 @@ class _Job:
         if not os.path.isdir("/proc/self"):  # no /proc: the process group is all the guard can reach
             if self.status is None:
                 os.killpg(0, signal.SIGKILL)  # the job lives on: end the group, the guard included
-            _exit_like(self.status)
+            _exit_like(self.status if self.status is not None else signal.SIGKILL)
         end_processes(os.getpid(), self.cookie, reap=self.reap)
         deadline = time.monotonic() + 1.0
         while not self.reap() and time.monotonic() < deadline:
@@ -253,8 +267,6 @@ def _parse(argv: list[str]) -> tuple[float | None, str | None, list[str]]:
 def _become(user: str) -> None:
     """In the job's process, before exec: drop to ``user`` (its groups, gid, uid, HOME). A job of
     another user cannot signal, stop or inspect the guard or the agent."""
-    import pwd
-
     entry = pwd.getpwnam(user)
     os.initgroups(user, entry.pw_gid)
     os.setgid(entry.pw_gid)

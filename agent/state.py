@@ -78,8 +78,10 @@ class StateDir:
 
     def save(self, credential: Credential, key: Ed25519PrivateKey) -> None:
         """Store a credential and its key; older key files are removed afterwards."""
-        _write_private(self.key_path(credential.credentialId),
-                       key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+        _write_private(
+            self.key_path(credential.credentialId),
+            key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()),
+        )
         _write_private(self.credential_path, json.dumps(asdict(credential), indent=2).encode())
         for stale in self.path.glob("key-*.pem"):
             if stale != self.key_path(credential.credentialId):
@@ -88,7 +90,9 @@ class StateDir:
     def load(self) -> tuple[Credential, Ed25519PrivateKey]:
         """Return the credential and key. Raises StateError if not enrolled or not private."""
         if not self.credential_path.exists():
-            raise StateError(f"not enrolled: no credential in {self.path} (run `qinglong-worker enroll` first)")
+            raise StateError(
+                f"not enrolled: no credential in {self.path} (run `qinglong-worker enroll` first)"
+            )
         try:
             credential = Credential(**json.loads(self.credential_path.read_text()))
         except (ValueError, TypeError) as exc:

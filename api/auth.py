@@ -40,7 +40,7 @@ def nonce_accept(*, key_id: str, nonce: str, window_seconds: int) -> None:
     ``window_seconds``: ``SIGNATURE_WINDOW_SECONDS``. The nonce is kept for twice the window,
     longer than any signature carrying it can be fresh: in Redis (``cache.add``, atomic ``SET
     NX``) when the cache is shared, else in the database (``actions.nonces.nonce_record``,
-    insert-or-fail), which survives restarts (docs/transport.md "Replay").
+    insert-or-fail), which survives restarts (docs/transport.md "Nonce store").
 
     Raises ProtocolError ``signature_replayed``; DomainError ``storage_busy`` (503) when SQLite
     stays locked.
@@ -72,12 +72,6 @@ class WorkerSignatureAuthentication(BaseAuthentication):
 
     def authenticate(self, request) -> tuple[WorkerPrincipal, SignedRequest]:
         raw = request._request
-        limit = {
-            "group": "worker-auth-failures",
-            "key": by_address,
-            "rate": protocol().rate_auth_failures,
-            "message": "too many failed worker authentications from this address",
-        }
         # Only failures count, and only a failing request is answered 429: a correctly signed
         # request always passes, so a forger sharing a worker's address cannot lock it out.
         try:
@@ -91,7 +85,13 @@ class WorkerSignatureAuthentication(BaseAuthentication):
                 client_address(raw),
             )
             if exc.code != "storage_busy":
-                enforce(raw, **limit)  # counts this failure; the next over the limit gets 429
+                enforce(  # counts this failure; the next over the limit gets 429
+                    raw,
+                    group="worker-auth-failures",
+                    key=by_address,
+                    rate=protocol().rate_auth_failures,
+                    message="too many failed worker authentications from this address",
+                )
             raise
 
     def _authenticate(self, raw) -> tuple[WorkerPrincipal, SignedRequest]:

@@ -11,6 +11,7 @@ request carrying a worker signature, so a worker credential can never reach them
 from __future__ import annotations
 
 import uuid
+from typing import cast
 
 from rest_framework import serializers
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, TokenAuthentication
@@ -83,6 +84,13 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
+def validated(serializer_class: type[serializers.Serializer], request) -> dict:
+    """Validate ``request.data`` with ``serializer_class``; refuses with 400 naming the field."""
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
 class IsWorker(BasePermission):
     """Only a request authenticated as a worker (``WorkerPrincipal``) passes."""
 
@@ -106,7 +114,7 @@ def _claims(request, kwargs: dict, fields: tuple[tuple[str, str], ...]):
 
 
 def check_principal_binding(principal: WorkerPrincipal, request, kwargs: dict) -> None:
-    """Refuse a request naming another worker's id or session (ADR-0012 §1, PRODUCT invariant 1).
+    """Refuse a request naming another worker's id or session (ADR-0012 §1, docs/transport.md §3).
 
     ``request``: the DRF request (its body is parsed here); ``kwargs``: the URL's keyword
     arguments. A ``workerId``/``worker_id`` that is a UUID other than the principal's, or a
@@ -142,7 +150,7 @@ class WorkerAPIView(APIView):
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
-        principal: WorkerPrincipal = request.user
+        principal = self.principal
         enforce(
             request,
             group="worker-api",
@@ -154,7 +162,22 @@ class WorkerAPIView(APIView):
 
     @property
     def principal(self) -> WorkerPrincipal:
-        return self.request.user
+        # WorkerSignatureAuthentication sets request.user to the principal; the stubs type
+        # request.user as a Django user.
+        return cast(WorkerPrincipal, self.request.user)
+
+    def session_fence(self, data: dict) -> dict:
+        """The session fence of a validated body as write-path keywords (the worker from the
+        principal, never from the body): worker_id, session_id, generation and — when the body
+        carries one — expected_version."""
+        fence = {
+            "worker_id": self.principal.worker_id,
+            "session_id": data["sessionId"],
+            "generation": data["generation"],
+        }
+        if "expectedVersion" in data:
+            fence["expected_version"] = data["expectedVersion"]
+        return fence
 
 
 class RefuseWorkerSignature(BaseAuthentication):

@@ -86,7 +86,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             response.data["code"],
             response.data["message"],
         )
-        response._has_been_logged = True  # django.utils.log.log_response: do not log it again
+        # django.utils.log.log_response's private marker (not in django-stubs): do not log it again
+        response._has_been_logged = True  # type: ignore[attr-defined]
     if response is not None and response.status_code == 401:
         view, request = context.get("view"), context.get("request")
         header = view.get_authenticate_header(request) if view is not None and request is not None else None
@@ -122,7 +123,7 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     return defaults.page_not_found(request, exception)
 
 
-def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     """``handler400``: what Django refuses before any view runs (a ``Host`` header outside
     ``ALLOWED_HOSTS``, another ``SuspiciousOperation``). API clients get the JSON error body
     (``host_not_allowed`` naming ``Host``, or ``request_rejected``); the admin keeps Django's page."""

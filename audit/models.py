@@ -1,4 +1,5 @@
-"""The append-only event and audit table (ADR-0012 §4 "explainable", SIBLINGS §1 event catalogue).
+"""The append-only event and audit table (ADR-0012 §4 "explainable", docs/leases.md, States — event
+catalogue).
 
 Every state transition of a session, credential, run, attempt or lease writes one row here in the
 same transaction. Rows hold identifiers and low-cardinality facts only (reason codes, category

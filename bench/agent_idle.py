@@ -2,7 +2,7 @@
 
 Starts a throwaway control plane (``manage.py serve`` on a temporary SQLite file), enrolls a
 worker, runs ``qinglong-worker run`` with nothing to do, lets it settle, then samples the agent
-process with psutil for ``--seconds``. Budget (PRODUCT.md): idle RSS under 40 MiB and idle CPU
+process with psutil for ``--seconds``. Budget: idle RSS under 40 MiB and idle CPU
 under 0.5 % of one core. Last line, machine-readable:
 ``agent_idle_rss_mib=<n> agent_idle_cpu_percent=<n> agent_threads=<n>``.
 
@@ -96,7 +96,8 @@ def main() -> int:
             f"CPU < 0.5 % {'met' if cpu_percent < 0.5 else 'MISSED'}"
         )
         print(
-            f"agent_idle_rss_mib={rss / 2**20:.1f} agent_idle_cpu_percent={cpu_percent:.3f} agent_threads={threads}"
+            f"agent_idle_rss_mib={rss / 2**20:.1f} agent_idle_cpu_percent={cpu_percent:.3f} "
+            f"agent_threads={threads}"
         )
         return 0
     finally:

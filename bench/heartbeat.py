@@ -54,7 +54,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from actions.enrollment import enrollment_token_create, worker_create
+import django
+import psycopg
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.management import call_command
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -62,6 +65,7 @@ sys.path.insert(0, str(ROOT))
 from pgdb import ensure_database  # noqa: E402  (bench/pgdb.py)
 
 from agent.client import ApiError, Client  # noqa: E402
+from core.conf import protocol  # noqa: E402  (settings are read when called, after configure_django)
 from protocol import wire  # noqa: E402
 from protocol.ids import uuid7  # noqa: E402
 from protocol.signing import public_key_text  # noqa: E402
@@ -106,11 +110,7 @@ def parse_time(text: str) -> datetime:
 def configure_django(env: dict[str, str]) -> None:
     os.environ.update(env)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qinglong.settings")
-    import django
-
     django.setup()
-    from django.core.management import call_command
-
     call_command("migrate", verbosity=0)
 
 
@@ -170,17 +170,13 @@ class BenchWorker:
         return answer
 
 
-def enroll_workers(server_url: str, count: int, tag: str) -> list[BenchWorker]:
-    """Create workers and tokens through the services, then enroll and register over HTTP."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
+def enroll_workers(server_url: str, tokens: list[str]) -> list[BenchWorker]:
+    """Enroll one worker per enrollment token and register a session for each, over HTTP."""
     workers = []
-    for index in range(count):
-        worker = worker_create(name=f"bench-hb-{tag}-{index}", actor="bench")
-        issued = enrollment_token_create(worker_id=worker.pk)
+    for token in tokens:
         key = Ed25519PrivateKey.generate()
         enrolled = Client(server_url).post(
-            wire.ENROLL, {"token": issued.token, "publicKey": public_key_text(key.public_key())}, signed=False
+            wire.ENROLL, {"token": token, "publicKey": public_key_text(key.public_key())}, signed=False
         )
         client = Client(server_url, key_id=enrolled["credentialId"], key=key)
         answer = client.post(
@@ -205,8 +201,6 @@ class Wal:
     """``pg_current_wal_lsn()`` windows, and the bytes in them that belong to this database."""
 
     def __init__(self, conninfo: str) -> None:
-        import psycopg
-
         self.conn = psycopg.connect(conninfo, autocommit=True)
         self.dboid = self.conn.execute(
             "SELECT oid FROM pg_database WHERE datname = current_database()"
@@ -298,8 +292,8 @@ def wal_per_heartbeat(worker: BenchWorker, wal: Wal, count: int) -> Windows:
     for _ in range(count):
         elapsed = (parse_time(answer["nextHeartbeatAt"]) - parse_time(answer["serverTime"])).total_seconds()
         wal.conn.execute(  # that much time passes (outside the measured window)
-            "UPDATE workers_workersession SET lease_expires_at = lease_expires_at - make_interval(secs => %s) "
-            "WHERE id = %s",
+            "UPDATE workers_workersession"
+            " SET lease_expires_at = lease_expires_at - make_interval(secs => %s) WHERE id = %s",
             [elapsed, worker.session_id],
         )
         shifted_expiry = parse_time(answer["leaseExpiresAt"]) - timedelta(seconds=elapsed)
@@ -318,8 +312,8 @@ def wal_naive_update(worker: BenchWorker, wal: Wal, count: int, ttl: int) -> Win
     for _ in range(count):
         start = wal.lsn()
         wal.conn.execute(
-            "UPDATE workers_workersession SET lease_expires_at = statement_timestamp() + make_interval(secs => %s) "
-            "WHERE id = %s",
+            "UPDATE workers_workersession"
+            " SET lease_expires_at = statement_timestamp() + make_interval(secs => %s) WHERE id = %s",
             [ttl, worker.session_id],
         )
         windows.spans.append((start, wal.lsn()))
@@ -370,7 +364,7 @@ def main() -> int:
         "QINGLONG_LOG_LEVEL": "WARNING",
     }
     configure_django(env)
-    from core.conf import protocol
+    import heartbeat_tokens  # noqa: PLC0415  (it imports Django models: only after django.setup())
 
     timings = protocol()
     port = args.port or free_port()
@@ -378,16 +372,17 @@ def main() -> int:
     try:
         url = f"http://127.0.0.1:{port}"
         say(
-            f"manage.py serve on {url}, profile {args.profile}, session lease {timings.session_lease_seconds} s, "
+            f"manage.py serve on {url}, profile {args.profile}, "
+            f"session lease {timings.session_lease_seconds} s, "
             f"heartbeat {timings.heartbeat_interval_seconds} s ± {timings.heartbeat_jitter_ratio:.0%}"
         )
-        workers = enroll_workers(url, args.clients, secrets.token_hex(3))
+        workers = enroll_workers(url, heartbeat_tokens.issue_tokens(args.clients, secrets.token_hex(3)))
         rate, latencies = throughput(workers, args.heartbeats)
         p50 = statistics.median(latencies) * 1000
         p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
         say(
-            f"throughput: {len(latencies)} unchanged heartbeats from {args.clients} workers over signed HTTP: "
-            f"{rate:.0f} heartbeats/s (latency p50 {p50:.1f} ms, p99 {p99:.1f} ms)"
+            f"throughput: {len(latencies)} unchanged heartbeats from {args.clients} workers "
+            f"over signed HTTP: {rate:.0f} heartbeats/s (latency p50 {p50:.1f} ms, p99 {p99:.1f} ms)"
         )
 
         wal = Wal(args.pg_url.replace("postgres://", "postgresql://", 1))
@@ -407,7 +402,8 @@ def main() -> int:
         )
         say(
             f"  per unchanged heartbeat: {per_beat:.1f} B this database "
-            f"(raw LSN delta mean {statistics.fmean(beat_raw):.1f} B, median {statistics.median(beat_raw):.0f} B)"
+            f"(raw LSN delta mean {statistics.fmean(beat_raw):.1f} B, "
+            f"median {statistics.median(beat_raw):.0f} B)"
         )
         if writes:
             say(
@@ -416,8 +412,8 @@ def main() -> int:
                 f"{statistics.fmean(reads) if reads else 0:.1f} B"
             )
         say(
-            f"  per naive row update: {per_naive:.1f} B this database (raw mean {statistics.fmean(naive_raw):.1f} B, "
-            f"median {statistics.median(naive_raw):.0f} B)"
+            f"  per naive row update: {per_naive:.1f} B this database "
+            f"(raw mean {statistics.fmean(naive_raw):.1f} B, median {statistics.median(naive_raw):.0f} B)"
         )
         say(f"  the write rule costs {per_beat / per_naive:.0%} of writing on every heartbeat")
         say(

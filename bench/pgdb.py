@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+import psycopg
+from psycopg import sql
+
 
 def admin_connect(url: str):
     """An autocommit connection to the server's ``postgres`` database (to create or drop others)."""
-    import psycopg
-
     parts = urlsplit(url)
     return psycopg.connect(
         host=parts.hostname,
@@ -27,8 +28,6 @@ def dbname(url: str) -> str:
 
 def ensure_database(url: str) -> None:
     """Create the database ``url`` names if the server does not have it yet."""
-    from psycopg import sql
-
     with admin_connect(url) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname(url),)).fetchone()
         if not exists:

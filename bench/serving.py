@@ -66,6 +66,7 @@ import django  # noqa: E402
 django.setup()
 
 from heartbeat import BenchWorker, configure_django, enroll_workers, free_port  # noqa: E402
+from heartbeat_tokens import issue_tokens  # noqa: E402
 
 PROBES = 5
 SLOW_BODY_LENGTH = 4000
@@ -252,7 +253,7 @@ class SlowClients:
 def measure_throughput(server: str, args, tag: str) -> float:
     process, port = start(server)
     try:
-        workers = enroll_workers(f"http://127.0.0.1:{port}", args.clients, f"{server}{tag}")
+        workers = enroll_workers(f"http://127.0.0.1:{port}", issue_tokens(args.clients, f"{server}{tag}"))
         throughput(workers, 1.0)  # warm up
         per_second, errors = throughput(workers, args.seconds)
     finally:
@@ -265,7 +266,7 @@ def measure_slow(server: str, args, tag: str) -> dict[str, object]:
     process, port = start(server)
     url = f"http://127.0.0.1:{port}"
     try:
-        probe_worker = enroll_workers(url, 1, f"{server}{tag}")[0]
+        probe_worker = enroll_workers(url, issue_tokens(1, f"{server}{tag}"))[0]
         probe_worker.client.timeout = 10
         slow = SlowClients(port, args.slow)
         time.sleep(2)

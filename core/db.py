@@ -7,10 +7,10 @@ when the store reports a transient race:
 * SQLite (standalone): ``database is locked`` after the busy timeout. Transactions begin
   IMMEDIATE (settings), so writers are serialised and a read-check-write cannot interleave.
   Within the one standalone process, write paths also queue on an in-process lock before
-  ``BEGIN IMMEDIATE``: SQLite's busy handler polls with sleeps of up to 100 ms, so fifty
-  threads contending for the write lock mostly sleep (2.5 s per burst of fifty registrations,
-  measured); a queue hands the lock on at once (0.27 s, the transactions' own work). Other processes (``manage.py sweep``, a second server by mistake) still
-  meet SQLite's own lock, busy timeout and this retry.
+  ``BEGIN IMMEDIATE``: SQLite's busy handler polls with sleeps, so contending threads mostly
+  sleep; a queue hands the lock on at once (``docs/sessions.md``, Storage). Other processes
+  (``manage.py sweep``, a second server by mistake) still meet SQLite's own lock, busy timeout
+  and this retry.
 * PostgreSQL (cluster-control): deadlock and serialization failures. A lock wait longer than the
   connection's ``lock_timeout`` is not retried: it surfaces as ``lock_timeout`` (503).
 
@@ -167,7 +167,7 @@ def write_path(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 def db_now() -> datetime:
-    """The database's clock as an aware UTC datetime (ADR-0012 §3, PRODUCT invariant 7).
+    """The database's clock as an aware UTC datetime (ADR-0012 §3, docs/leases.md, Locks and transactions).
 
     PostgreSQL: ``statement_timestamp()`` — call it *after* taking the transaction's row locks,
     so a lock wait cannot make lease times stale. SQLite: the single process's clock as SQLite

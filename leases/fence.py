@@ -137,5 +137,5 @@ class AckResult:
 
 
 def renew_interval() -> int:
-    """Workers renew at the lease's midpoint (RFC §7.6), at least every second."""
+    """Workers renew at the lease's midpoint, at least every second."""
     return max(1, protocol().run_lease_seconds // 2)

@@ -1,4 +1,4 @@
-"""The execution spec a claim hands to a worker, and its digest (ADR-0012 §3, SIBLINGS §4–§5).
+"""The execution spec a claim hands to a worker, and its digest (ADR-0012 §3, docs/placement.md §5).
 
 The spec is built from the run's pinned, immutable revision, so the same lease always rebuilds
 the same spec: a replayed claim compares the digest stored on the lease with a fresh build.

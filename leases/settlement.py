@@ -1,4 +1,4 @@
-"""Settling run leases whose holder can no longer act (ADR-0012 §3, SIBLINGS §1 expireWithLease).
+"""Settling run leases whose holder can no longer act (ADR-0012 §3, docs/leases.md, States).
 
 The same rules apply whether a lease lapsed (expiry sweep or a claim's takeover), or its session
 was replaced, expired, forced offline or its worker revoked:
@@ -66,7 +66,7 @@ def settle_lease(
     Writes, only if the lease CAS hits: lease ``released`` (version + 1, ``ended_at``),
     ``lease.released``, then the attempt and run as the module docstring says, with their events.
     Raises ``invalid_run_transition``/``run_version_conflict`` only on a broken invariant.
-    SIBLINGS §1 (``expireWithLease``), §2 (cancel first); ADR-0012 §3.
+    docs/leases.md, States, §2 (cancel first); ADR-0012 §3.
     """
     run = lock_run(lease.run_id)
     attempt = RunAttempt.objects.get(pk=lease.attempt_id)
@@ -141,7 +141,7 @@ def settle_session_leases(
 
     Called in the same transaction that replaces, fences (revocation), expires or forces offline
     the session, so the session's end and its leases' settlement commit together (ADR-0012 §2–§3,
-    PRODUCT invariant 11). ``reason`` is the session's end reason (see
+    docs/transport.md §5). ``reason`` is the session's end reason (see
     :data:`SESSION_END_REASONS`). Leases are settled in run-id order so that run locks follow one
     order. Returns how many were settled.
     """
@@ -158,7 +158,7 @@ def settle_session_leases(
 def release_expired_lease_of(attempt: RunAttempt, *, now: datetime, actor_type: str, actor: str = "") -> None:
     """Release a lapsed (unswept) lease of an unstarted attempt that is being cancelled.
 
-    The caller (``runs.services.run_cancel``) holds the run lock and ends the attempt itself; this
+    The caller (``actions.runs.run_cancel``) holds the run lock and ends the attempt itself; this
     only revokes the lease, by a CAS that re-checks state and expiry (a live lease is untouched:
     its worker learns of the cancellation instead).
     """

@@ -3,7 +3,7 @@
 The worker generates a token of at least 128 bits per offer (``secrets.token_urlsafe(32)`` in
 the agent: 256 bits) and presents it on every call about that lease. The control plane keeps
 SHA-256 over a domain-separation prefix, the worker's id and the token, compares digests in
-constant time, and never stores, logs or returns the token itself (SIBLINGS §5, §6).
+constant time, and never stores, logs or returns the token itself (docs/placement.md §5).
 
 Binding the digest to the worker id means two workers can never collide on a digest, even if
 they present the same token: the unique index on the digest can then only be hit by one worker

@@ -1,4 +1,4 @@
-"""Claim-time ranking: the best-ranked live worker gets a fresh run (ADR-0012 §4, SIBLINGS §4, §5).
+"""Claim-time ranking: the best-ranked live worker gets a fresh run (ADR-0012 §4, docs/placement.md §5).
 
 In a pull model the claimer is whoever asks first, but candidates are ordered by (score desc,
 free slots desc, worker id asc). So that the order means something when several eligible
@@ -75,7 +75,7 @@ class ClaimRanking:
         Call it for the claim's eligible attempts in queue order. ``attempt.ready_at``: when it
         became claimable (DB time). The n-th fresh attempt of a placement (counting from 0) is
         deferred while n is below :meth:`slots_ahead`; an attempt older than the dispatch hold is
-        never deferred. ADR-0012 §4; SIBLINGS §5.
+        never deferred. ADR-0012 §4; docs/placement.md §5.
         """
         if attempt.ready_at <= self.now - self.hold:
             return False

@@ -25,12 +25,13 @@ from typing import Any
 from django.db.models import Count, Q
 
 from core.errors import DomainError
+from leases.models import LeaseState
 from runs.models import Run
 from workers.models import SessionState, WorkerSession, WorkerState
 
 from .matching import CAPACITY, SUMMARY_CATEGORIES, match
 
-#: Most candidates (or preview rows) on one page (ADR-0012 §4, PRODUCT invariant 9).
+#: Most candidates (or preview rows) on one page (ADR-0012 §4, docs/placement.md §5).
 PAGE_SIZE = 64
 #: Most live workers one placement decision looks at (16 pages of 64), by worker id.
 MAX_LIVE_WORKERS = 16 * PAGE_SIZE
@@ -132,7 +133,7 @@ def live_workers(*, now: datetime, limit: int = MAX_LIVE_WORKERS) -> list[LiveWo
             state=SessionState.ONLINE, lease_expires_at__gt=now, worker__state=WorkerState.ACTIVE
         )
         .select_related("worker")
-        .annotate(active_leases=Count("leases", filter=Q(leases__state="leased")))
+        .annotate(active_leases=Count("leases", filter=Q(leases__state=LeaseState.LEASED)))
         .order_by("worker_id")[:limit]
     )
     return [
@@ -216,7 +217,7 @@ def mismatch_summary(placement: dict[str, Any], workers: list[LiveWorker]) -> di
     counts: Counter[str] = Counter()
     for worker in workers:
         result = match(worker.capabilities, placement)
-        if not result.eligible:
+        if result.category is not None:  # not eligible: the first failing category
             counts[result.category] += 1
         elif worker.free_slots <= 0:
             counts[CAPACITY] += 1

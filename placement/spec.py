@@ -1,7 +1,7 @@
 """PlacementSpec: what a task revision requires of a worker and what it prefers (ADR-0012 §4).
 
 Validated and normalised once, when the immutable task revision is created
-(``runs.services.task_create``/``revision_create``); the normalised form is stored as RFC 8785
+(``actions.tasks.task_create``/``revision_create``); the normalised form is stored as RFC 8785
 JSON with its SHA-256 and never rewritten. Wire shape (every key optional on input — absent or
 ``null`` means "no constraint"; the normalised form has them all)::
 
@@ -68,7 +68,6 @@ MAX_PREFERRED_LABELS = 16
 MAX_WEIGHT = 100
 MAX_RANGE_LENGTH = 128
 MAX_PLACEMENT_BYTES = 8 * 1024
-PLACEMENT_DEPTH = 4  # placement > required > gpu > features, or placement > preferred > labels > entry
 
 _TOP = {"required", "preferred"}
 _REQUIRED = {"executor", "arch", "os", "runtimes", "labels", "minMemoryMiB", "minDiskMiB", "gpu"}
@@ -253,16 +252,13 @@ def _preferred(doc: Any) -> dict[str, Any]:
         for required_key in ("key", "value", "weight"):
             if required_key not in entry:
                 raise _fail(join_path(field, required_key), "required field is missing")
-        normalised = {
-            "key": _label_key(entry["key"], join_path(field, "key")),
-            "value": _label_value(entry["value"], join_path(field, "value")),
-            "weight": _int(entry["weight"], join_path(field, "weight"), 1, MAX_WEIGHT, None),
-        }
-        pair = (normalised["key"], normalised["value"])
-        if pair in seen:
+        key = _label_key(entry["key"], join_path(field, "key"))
+        value = _label_value(entry["value"], join_path(field, "value"))
+        weight = _int(entry["weight"], join_path(field, "weight"), 1, MAX_WEIGHT, None)
+        if (key, value) in seen:
             raise _fail(field, "duplicate key/value entry")
-        seen.add(pair)
-        entries.append(normalised)
+        seen.add((key, value))
+        entries.append({"key": key, "value": value, "weight": weight})
     return {"labels": sorted(entries, key=lambda e: (e["key"], e["value"]))}
 
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import nodesemver
 import rfc8785
@@ -75,9 +75,6 @@ MAX_MEMORY_MIB = 1 << 30  # 1 PiB
 MAX_DISK_MIB = 1 << 40
 MAX_CPU_COUNT = 4096
 MAX_VERSION_LENGTH = 64
-#: Deepest nesting a snapshot needs: snapshot > gpus > gpu > features.
-SNAPSHOT_DEPTH = 4
-
 ARCH_ALIASES = {
     "x86_64": "x86_64", "amd64": "x86_64", "x64": "x86_64", "x86-64": "x86_64",
     "aarch64": "aarch64", "arm64": "aarch64", "armv8": "aarch64",
@@ -114,7 +111,16 @@ SEMVER = re.compile(
 )
 
 _KEYS = {
-    "arch", "os", "executors", "runtimes", "labels", "memoryMiB", "diskMiB", "cpuCount", "gpus", "features",
+    "arch",
+    "os",
+    "executors",
+    "runtimes",
+    "labels",
+    "memoryMiB",
+    "diskMiB",
+    "cpuCount",
+    "gpus",
+    "features",
 }
 _RUNTIME_KEYS = {"name", "version"}
 _GPU_KEYS = {"vendor", "model", "memoryMiB", "features"}
@@ -252,8 +258,10 @@ def _gpus(value: Any, field: str) -> list[dict[str, Any]]:
         item = _exact_keys(item, _GPU_KEYS, item_field, _GPU_OPTIONAL)
         model = item["model"]
         if not isinstance(model, str) or not GPU_MODEL.match(model):
-            raise _fail(join_path(item_field, "model"),
-                        "must be 1-64 printable ASCII characters without leading or trailing space")
+            raise _fail(
+                join_path(item_field, "model"),
+                "must be 1-64 printable ASCII characters without leading or trailing space",
+            )
         gpu = {
             "vendor": _name(item["vendor"], join_path(item_field, "vendor")),
             "model": model,
@@ -295,7 +303,7 @@ class CanonicalDocument:
     sha256: str
 
     @classmethod
-    def of(cls, document: dict[str, Any]):
+    def of(cls, document: dict[str, Any]) -> Self:
         """Canonicalise a normalised ``document`` (see :func:`canonical_bytes`)."""
         canonical = canonical_bytes(document)
         return cls(document, canonical, hashlib.sha256(canonical).hexdigest())

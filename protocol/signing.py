@@ -19,7 +19,7 @@ The profile (a request that deviates from it is ``signature_malformed``)::
     QL-Target: <METHOD> <path?query>      (unsigned diagnostic: what the worker meant to sign)
 
 ``created`` is checked against the *server's* clock (window ``QINGLONG_SIGNATURE_WINDOW_SECONDS``);
-nonces are remembered for twice the window (``workers.auth``).
+nonces are remembered for twice the window (``api.auth``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import http_sf
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from http_message_signatures import (
     ContentDigest,
     HTTPMessageSigner,
@@ -85,8 +86,6 @@ class _Verifier(HTTPMessageVerifier):
 
 def public_key_text(key: Ed25519PublicKey) -> str:
     """Raw 32-byte Ed25519 public key as unpadded base64url, 43 characters (what enrollment sends)."""
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
     raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
@@ -103,8 +102,9 @@ def load_public_key(text: str) -> Ed25519PublicKey:
     ``publicKey``.
     """
     if not isinstance(text, str) or not _PUBLIC_KEY_TEXT.match(text):
-        raise ProtocolError("validation_failed", "must be a raw Ed25519 public key, 43 characters of base64url",
-                            "publicKey")
+        raise ProtocolError(
+            "validation_failed", "must be a raw Ed25519 public key, 43 characters of base64url", "publicKey"
+        )
     try:
         raw = base64.urlsafe_b64decode(text.rstrip("=") + "=")
         key = Ed25519PublicKey.from_public_bytes(raw)
@@ -170,11 +170,15 @@ def parse_signature_input(headers: MutableMapping[str, str]) -> SignedRequest:
         parsed = http_sf.parse(signature_input.encode("ascii"), tltype="dictionary")
     except Exception:  # http_sf raises ValueError/UnicodeError subclasses on malformed input
         raise ProtocolError("signature_malformed", "Signature-Input is not a structured dictionary") from None
-    if list(parsed) != [LABEL]:
+    if not isinstance(parsed, dict) or list(parsed) != [LABEL]:
         raise ProtocolError("signature_malformed", f"exactly one signature labelled {LABEL!r} is required")
-    components, params = parsed[LABEL]
-    if not isinstance(components, list) or tuple(c for c, _ in components) != COVERED_COMPONENTS:
-        raise ProtocolError("signature_malformed", f"the signature must cover {' '.join(COVERED_COMPONENTS)}")
+    member = parsed[LABEL]  # an inner list is (items, params); each item is (value, params)
+    covers = f"the signature must cover {' '.join(COVERED_COMPONENTS)}"
+    if not isinstance(member, tuple) or not isinstance(member[0], list):
+        raise ProtocolError("signature_malformed", covers)
+    components, params = member[0], member[1]
+    if tuple(item[0] if isinstance(item, tuple) else item for item in components) != COVERED_COMPONENTS:
+        raise ProtocolError("signature_malformed", covers)
     if set(params) != _PARAMS:
         raise ProtocolError("signature_malformed", f"signature parameters must be exactly {sorted(_PARAMS)}")
     if params["alg"] != ALGORITHM or params["tag"] != TAG:
@@ -213,7 +217,9 @@ def verify_request(
     signed = parse_signature_input(headers)
     ahead = window_seconds if future_skew_seconds is None else future_skew_seconds
     if not now - window_seconds <= signed.created <= now + ahead:
-        raise ProtocolError("signature_stale", f"signature created {int(signed.created - now)} s from server time")
+        raise ProtocolError(
+            "signature_stale", f"signature created {int(signed.created - now)} s from server time"
+        )
     public_key = resolve_key(signed.key_id)
     digest = headers.get("Content-Digest")
     if not digest:
@@ -233,7 +239,9 @@ def verify_request(
         )
     except InvalidSignature:
         if _signed_for_other_target(verifier, method, path, headers, body):
-            raise ProtocolError("signature_path_mismatch", "the request was signed for another target") from None
+            raise ProtocolError(
+                "signature_path_mismatch", "the request was signed for another target"
+            ) from None
         raise ProtocolError("signature_invalid", "the signature does not verify") from None
     return signed
 

@@ -71,7 +71,7 @@ class _Bad:
         self.message = message
 
 
-class _Duplicate(dict):
+class _Duplicate(dict[str, Any]):
     """An object that repeated a key; the key is reported with its own path."""
 
     def __init__(self, pairs: list[tuple[str, Any]], key: str) -> None:
@@ -131,7 +131,8 @@ def _path(frames: list[_Frame]) -> str | None:
 
 def _decode_key(raw: str) -> str:
     try:
-        return json.loads(f'"{raw}"')
+        decoded: str = json.loads(f'"{raw}"')  # a JSON string literal decodes to a str
+        return decoded
     except ValueError:
         return raw
 
@@ -198,8 +199,11 @@ def _walk(node: Any, path: str | None) -> None:
             )
         for key, value in node.items():
             if _SURROGATE.search(key):
-                raise ProtocolError("json_invalid_string", "object key holds a lone surrogate",
-                                    join_path(path, display_key(key)))
+                raise ProtocolError(
+                    "json_invalid_string",
+                    "object key holds a lone surrogate",
+                    join_path(path, display_key(key)),
+                )
             _walk(value, join_path(path, display_key(key)))
     elif isinstance(node, list):
         for index, value in enumerate(node):
@@ -235,10 +239,12 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
     except json.JSONDecodeError as exc:
         field = _scan(text, max_depth=max_depth, stop=exc.pos)
         if exc.msg.startswith("Invalid control character"):
-            raise ProtocolError("json_invalid_string", "a string holds a raw control character",
-                                field) from None
-        raise ProtocolError("json_malformed", f"{exc.msg} at line {exc.lineno} column {exc.colno}",
-                            field) from None
+            raise ProtocolError(
+                "json_invalid_string", "a string holds a raw control character", field
+            ) from None
+        raise ProtocolError(
+            "json_malformed", f"{exc.msg} at line {exc.lineno} column {exc.colno}", field
+        ) from None
     except (ValueError, RecursionError) as exc:  # pragma: no cover - the pre-scan bounds both
         raise ProtocolError("json_malformed", str(exc)[:200]) from None
     _walk(tree, None)

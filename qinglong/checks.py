@@ -1,4 +1,4 @@
-"""System checks that keep each storage profile honest (ADR-0012 §6, PRODUCT storage profiles).
+"""System checks that keep each storage profile honest (ADR-0012 §6, docs/sessions.md, Storage).
 
 The cluster-control profile is several control-plane replicas: it must run on PostgreSQL (row
 locks, one database clock) and on a shared cache (Redis) for replay nonces, rate limits and the

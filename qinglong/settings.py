@@ -156,7 +156,6 @@ else:
         }
     }
 RATELIMIT_USE_CACHE = "default"
-RATELIMIT_VIEW = None
 # Rate limits per client address (enrollment, failed worker authentication) key on REMOTE_ADDR.
 # Behind a reverse proxy, name the META key holding the single client address it sets (for
 # example HTTP_X_REAL_IP); never a header a client can forge past the proxy.

@@ -1,4 +1,4 @@
-"""Row locks on runs — the only place runs are locked (global order: see workers/locks.py).
+"""Row locks on tasks and runs — the only place they are locked (global order: see workers/locks.py).
 
 worker -> session -> run (by primary key) -> attempt -> lease. A run-scoped path (cancel,
 retry scheduling) locks only its run; a worker-scoped path locks the worker first, then runs.
@@ -15,7 +15,12 @@ from django.db.models import Q
 
 from core.errors import DomainError
 
-from .models import Run, RunAttempt
+from .models import Run, RunAttempt, Task
+
+
+def lock_task(task_id: uuid.UUID) -> Task | None:
+    """``SELECT … FOR UPDATE`` one task (a new revision numbers itself under it); None if absent."""
+    return Task.objects.select_for_update(of=("self",)).filter(pk=task_id).first()
 
 
 def lock_run(run_id: uuid.UUID) -> Run:

@@ -1,4 +1,4 @@
-"""Tasks, immutable task revisions, runs and run attempts (SIBLINGS §1).
+"""Tasks, immutable task revisions, runs and run attempts (docs/leases.md, States).
 
 A *run* pins one immutable :class:`TaskRevision` (command, timeout, placement, retry policy).
 Each try of a run is a :class:`RunAttempt` numbered from 1; a retry never reuses an attempt's
@@ -6,7 +6,7 @@ worker, session, lease or process handle. The allowed state transitions are data
 ``runs.states`` and enforced by ``runs.transitions``; the constraints below back them.
 
 Attempt state ``claimed`` means "this attempt exists and is owned by the run queue": it waits for
-(or holds) a run lease but no worker has accepted it yet (SIBLINGS §1, §3).
+(or holds) a run lease but no worker has accepted it yet (docs/leases.md, States).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ class Task(models.Model):
 
 
 class LostRetry(models.TextChoices):
-    """Whether an attempt lost mid-run may be run again (SIBLINGS §1: no policy = the run fails)."""
+    """Whether an attempt lost mid-run may be run again (docs/leases.md, States: no policy = the run
+    fails)."""
 
     NEVER = "never"
     IDEMPOTENT = "idempotent"  # running it twice is harmless
@@ -122,7 +123,7 @@ class Run(models.Model):
                 condition=~Q(state=RunState.RETRY_WAIT) | Q(next_attempt_at__isnull=False),
                 name="run_retry_wait_has_time",
             ),
-            # The state machine's facts, backed by the database (SIBLINGS §1): only a waiting run
+            # The state machine's facts, backed by the database (docs/leases.md, States): only a waiting run
             # has a next-attempt time, only an ended run has an end, a running run has a start,
             # and every run past `created` owns at least one attempt.
             models.CheckConstraint(
@@ -205,7 +206,8 @@ class RunAttempt(models.Model):
                 condition=Q(state__in=ATTEMPT_TERMINAL) | Q(finished_at__isnull=True),
                 name="attempt_live_has_no_end",
             ),
-            # starting/running exist only under a lease a session claimed (SIBLINGS §3) ...
+            # starting/running exist only under a lease a session claimed (docs/leases.md, Activation ACKs)
+            # ...
             models.CheckConstraint(
                 condition=~Q(state__in=ATTEMPT_STARTED)
                 | (Q(session_id__isnull=False) & Q(lease_generation__gte=1)),

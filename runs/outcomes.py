@@ -1,10 +1,11 @@
-"""How an attempt's end decides its run's next state (SIBLINGS §1 retry semantics, §2 cancel).
+"""How an attempt's end decides its run's next state (``docs/leases.md``: Lost and retry; Cancellation).
 
 Helpers for write paths that already hold the run lock; they open no transaction.
 
 * Cancellation intent wins: once ``cancel_requested_at`` is set, the run ends ``cancelled``
   whatever the attempt reports. A lost attempt of such a run is recorded ``cancelled`` (its
-  ``outcome_reason`` keeps why its lease ended) and is never retried (SIBLINGS §2 "lost-retry:
+  ``outcome_reason`` keeps why its lease ended) and is never retried (docs/leases.md, Cancellation:
+  "lost-retry:
   cancel first").
 * ``succeeded`` ends the run ``succeeded``.
 * ``failed``/``timed_out`` retry (run → ``retry_wait`` with an absolute next-attempt time) when the
@@ -135,11 +136,12 @@ def conclude_attempt(
         )
     if outcome != AttemptState.SUCCEEDED and _may_retry(revision, attempt, outcome):
         return _retry_wait(run, attempt, now=now, actor_type=actor_type, actor=actor)
-    error_class = {
+    error_classes: dict[str, str] = {
         AttemptState.FAILED: "exit_code",
         AttemptState.TIMED_OUT: "timeout",
         AttemptState.CANCELLED: "cancelled",
-    }.get(outcome, "")
+    }
+    error_class = error_classes.get(outcome, "")
     if reason == "executor_start_failed":
         error_class = "executor_start_error"
     return move_run(

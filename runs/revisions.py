@@ -1,4 +1,4 @@
-"""What an immutable task revision fixes, and its bounds (``docs/leases.md`` Retry policy; SIBLINGS-style run states in ``runs.states``).
+"""What an immutable task revision fixes, and its bounds (``docs/leases.md`` Retry policy; ``runs.states``).
 
 Pure: validation against placement lives with the write path (``actions.tasks``).
 """

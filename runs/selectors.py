@@ -12,7 +12,7 @@ from core.errors import DomainError
 from .models import RunAttempt, Task, TaskRevision
 from .states import AttemptState
 
-#: Candidate attempts per keyset page (ADR-0012 §4, SIBLINGS §4: hard cap 64).
+#: Candidate attempts per keyset page (ADR-0012 §4, docs/placement.md §5: hard cap 64).
 QUEUE_PAGE = 64
 
 
@@ -26,7 +26,7 @@ def task_by_name(name: str) -> Task:
 
 def latest_revision(task: Task) -> TaskRevision:
     """The newest revision of ``task`` (every task has revision 1)."""
-    return task.revisions.order_by("-number").first()
+    return task.revisions.latest("number")
 
 
 QueueCursor = tuple[int, datetime, object]
@@ -80,7 +80,7 @@ def dispatch_queue_page(
 
     ``now`` is the database clock; ``after`` the (priority, ready_at, id) of the last row of the
     previous page (keyset pagination, never OFFSET); ``size`` is capped at 64 (ADR-0012 §4,
-    SIBLINGS §4–§5). Served by the partial index ``attempt_dispatch_queue`` (state = claimed), so
+    docs/placement.md §5). Served by the partial index ``attempt_dispatch_queue`` (state = claimed), so
     a page costs the same with 100 or 100,000 waiting attempts (``bench/claim.py`` prints the
     plan). An attempt whose lease is still live is skipped; one whose unstarted lease lapsed is
     included (the claim takes it over). Runs with a cancellation request are excluded. A row

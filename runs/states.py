@@ -1,8 +1,8 @@
-"""Run and attempt state machines as data (SIBLINGS §1, ADR-0001 tables).
+"""Run and attempt state machines as data (``docs/leases.md``, States).
 
 ``RUN_TRANSITIONS[a]`` is the set of states a run may move to from ``a``; likewise for attempts.
 ``runs.transitions`` is the only code that changes a state, and it consults these tables.
-``waiting_approval`` from the upstream catalogue is not part of this product (no approvals).
+There is no ``waiting_approval`` state: this product has no approvals.
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     R.CREATED: frozenset({R.QUEUED, R.CANCELLED}),
     R.QUEUED: frozenset({R.DISPATCHING, R.CANCELLED, R.TIMED_OUT}),
     # An unstarted lease that lapses or is released leaves the run dispatching: the same claimed
-    # attempt waits for a new lease generation (SIBLINGS §1 expireWithLease, §5 candidates).
+    # attempt waits for a new lease generation (docs/leases.md, States, §5 candidates).
     R.DISPATCHING: frozenset({R.RUNNING, R.RETRY_WAIT, R.FAILED, R.CANCELLED, R.TIMED_OUT, R.LOST}),
     R.RUNNING: frozenset({R.RETRY_WAIT, R.SUCCEEDED, R.FAILED, R.CANCELLED, R.TIMED_OUT, R.LOST}),
     R.RETRY_WAIT: frozenset({R.QUEUED, R.CANCELLED, R.TIMED_OUT}),
-    # lost is reconciled in the same transaction that marks it (SIBLINGS §1, ADR-0021 §5.5).
+    # lost is reconciled in the same transaction that marks it (``docs/leases.md``, States).
     R.LOST: frozenset({R.RETRY_WAIT, R.QUEUED, R.FAILED, R.CANCELLED}),
     R.SUCCEEDED: frozenset(),
     R.FAILED: frozenset(),

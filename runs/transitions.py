@@ -1,4 +1,4 @@
-"""The one place run and attempt states change (SIBLINGS §1 transaction rule).
+"""The one place run and attempt states change (docs/leases.md, States — transaction rule).
 
 Each move is validated against the tables in ``runs.states``, written as a compare-and-swap on
 the row's version, and appends its event in the same transaction: ``run.<state>`` carries the

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psycopg
+
 ROOT = Path(__file__).resolve().parent.parent
 #: Test folders that touch no database: run once, in the SQLite leg.
 NO_DB = ["tests/protocol", "tests/agent/unit", "tests/deploy"]
@@ -23,8 +25,6 @@ NO_DB = ["tests/protocol", "tests/agent/unit", "tests/deploy"]
 
 def postgres_reachable(url: str) -> str | None:
     """None if a connection to the server works, else the error text."""
-    import psycopg
-
     parts = urlsplit(url)
     try:
         with psycopg.connect(

@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 
 import pytest
+import redis
+from django.conf import settings as django_settings
+from django.core.cache import caches
+from django.core.cache.backends.locmem import LocMemCache
 
 CI = os.environ.get("CI", "").lower() == "true"
 
 
 def _vendor() -> str:
-    from django.conf import settings
-
-    engine = settings.DATABASES["default"]["ENGINE"]
+    engine = django_settings.DATABASES["default"]["ENGINE"]
     return "postgresql" if "postgresql" in engine else "sqlite"
 
 
@@ -28,8 +30,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     """The real Redis server; skipped when down, except under CI=true where that fails."""
-    import redis
-
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2).ping()
@@ -46,9 +46,6 @@ def _fresh_cache():
 
     Only the locmem cache is cleared: ``clear()`` on a Redis cache would FLUSHDB a shared server.
     """
-    from django.core.cache import caches
-    from django.core.cache.backends.locmem import LocMemCache
-
     cache = caches["default"]
     if isinstance(cache, LocMemCache):
         cache.clear()

@@ -1,5 +1,5 @@
-"""Test helpers: build workers, sessions, tasks and runs through the real services, and sign
-requests exactly as the agent does."""
+"""Test helpers: build workers, sessions, tasks and runs through the real services, sign
+requests exactly as the agent does, and snapshot the rows a refused call must leave alone."""
 
 from __future__ import annotations
 
@@ -14,11 +14,15 @@ from actions.enrollment import enrollment_token_create, worker_create, worker_en
 from actions.runs import run_enqueue
 from actions.sessions.registration import session_register
 from actions.tasks import task_create
+from audit.models import Event
+from leases.models import RunDispatchLease
 from protocol import capabilities as caps
 from protocol import strictjson
 from protocol.ids import uuid7
 from protocol.signing import public_key_text, sign_request
+from runs.models import Run, RunAttempt
 from runs.revisions import RevisionSpec
+from workers.models import Worker, WorkerCredential, WorkerSession
 
 BASE_SNAPSHOT: dict[str, Any] = {
     "arch": "x86_64",
@@ -109,6 +113,40 @@ def enqueue(revision, priority: int = 0):
     return run_enqueue(revision_id=revision.pk, priority=priority)
 
 
+def register_body(
+    capabilities: Any = BASE_SNAPSHOT, *, session_id: uuid.UUID | None = None, **changes: Any
+) -> dict[str, Any]:
+    """A session registration body around ``capabilities`` (sent exactly as given), for a new
+    session id unless ``session_id`` is given; ``changes`` replace or add fields."""
+    return {
+        "sessionId": str(session_id or uuid7()),
+        "capabilities": capabilities,
+        "maxConcurrentRuns": 2,
+        "availableSlots": 2,
+        "softwareVersion": "test/1",
+        "protocolVersion": 1,
+        **changes,
+    }
+
+
+def heartbeat(session: Session, **changes: Any) -> dict[str, Any]:
+    """A heartbeat body that changes nothing (``register`` leaves 2 of 2 slots free)."""
+    return {**session.fence(), "expectedVersion": session.version, "availableSlots": 2, **changes}
+
+
+def snapshot_rows() -> tuple:
+    """Every row a refused call must leave alone."""
+    return (
+        list(Worker.objects.order_by("pk").values()),
+        list(WorkerSession.objects.order_by("pk").values()),
+        list(WorkerCredential.objects.order_by("pk").values()),
+        list(RunDispatchLease.objects.order_by("pk").values()),
+        list(RunAttempt.objects.order_by("pk").values()),
+        list(Run.objects.order_by("pk").values()),
+        list(Event.objects.order_by("pk").values_list("pk", "kind")),
+    )
+
+
 @dataclass
 class OfferTicket:
     """What an agent keeps about one offer: its id and token, and the lease fields it was sent."""
@@ -147,6 +185,23 @@ class SignedClient:
             "POST", path, raw, content_type="application/json", headers={**signed, **(headers or {})}
         )
 
+
+def signed_headers(worker: Enrolled, path: str, raw: bytes, **kwargs: Any) -> dict[str, str]:
+    """The signature headers of a POST of ``raw`` to ``path`` (``kwargs``: see ``sign_request``)."""
+    return sign_request(
+        method="POST", path=path, body=raw, key_id=worker.credential_id, private_key=worker.key, **kwargs
+    )
+
+
+def send(client, path: str, raw: bytes, headers: dict[str, str]):
+    """POST ``raw`` exactly as given, with ``headers`` (a replay sends the same headers again)."""
+    return client.generic("POST", path, raw, content_type="application/json", headers=headers)
+
+
+def refused(answer, status: int, code: str) -> None:
+    """Assert ``answer`` is the error ``code`` with HTTP ``status``."""
+    assert answer.status_code == status, answer.json()
+    assert answer.json()["code"] == code, answer.json()
 
 
 #: The standalone replay store (``workers.nonces``: authentication, like Redis in the cluster

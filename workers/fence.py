@@ -1,4 +1,4 @@
-"""The session fence every worker call passes (ADR-0012 §2, PRODUCT invariants 2–3).
+"""The session fence every worker call passes (ADR-0012 §2, docs/sessions.md, fail-closed matrix).
 
 One function decides, in a fixed order, whether a call that names ``(session, generation,
 expected version)`` may act. It raises a distinct code per fault and writes nothing, so a

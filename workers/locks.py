@@ -11,7 +11,8 @@ under that lock with compare-and-swap updates, which take their own row locks in
 On SQLite ``select_for_update`` is a no-op: IMMEDIATE transactions serialise all writers instead.
 
 On PostgreSQL every session write path locks the worker row *before* it reads the session it
-decides on, then reads the database clock (ADR-0012 §6, SIBLINGS §6); ``lock_worker_for_session``
+decides on, then reads the database clock (ADR-0012 §6, docs/leases.md, Renew and release);
+``lock_worker_for_session``
 serves paths that start from a session id (the expiry sweep) without reading the session first.
 """
 

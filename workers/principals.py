@@ -124,20 +124,19 @@ def _load_credential(key_id: str) -> _Credential | None:
     if cached is not None:
         return cached or None  # "" caches an unknown key id
     row = WorkerCredential.objects.select_related("worker").filter(pk=key_id).first()
-    value = (
-        _Credential(
-            worker_id=str(row.worker_id),
-            worker_name=row.worker.name,
-            public_key=row.public_key,
-            state=row.state,
-            not_after=row.not_after.timestamp() if row.not_after else None,
-            worker_state=row.worker.state,
-        )
-        if row
-        else ""
+    if row is None:
+        cache.set(key, "", timeout=protocol().credential_cache_seconds)
+        return None
+    credential = _Credential(
+        worker_id=str(row.worker_id),
+        worker_name=row.worker.name,
+        public_key=row.public_key,
+        state=row.state,
+        not_after=row.not_after.timestamp() if row.not_after else None,
+        worker_state=row.worker.state,
     )
-    cache.set(key, value, timeout=protocol().credential_cache_seconds)
-    return value or None
+    cache.set(key, credential, timeout=protocol().credential_cache_seconds)
+    return credential
 
 
 def forget_credentials(credential_ids: list[str]) -> None:
@@ -155,7 +154,7 @@ def forget_credentials(credential_ids: list[str]) -> None:
         _bump_credential_epoch()
 
 
-#: A credential's key never changes: parse and vet it (libsodium's point check, ~80 µs) once per
+#: A credential's key never changes: parse and vet it (libsodium's point check) once per
 #: process, not on every request. Refused keys raise and are not cached.
 trusted_key = functools.lru_cache(maxsize=4096)(worker_public_key)
 

@@ -55,7 +55,7 @@ def registration_sha256(
     JSON. Available slots are dynamic and not part of it, so a replay may report other slots.
     Pure; raises nothing.
     """
-    content = {
+    content: dict[str, str | int] = {
         "capabilitiesSha256": capabilities_sha256,
         "maxConcurrentRuns": max_concurrent_runs,
         "softwareVersion": software_version,

@@ -79,7 +79,8 @@ def lease_starting(
     offer_id: uuid.UUID,
     lease_version: int,
 ) -> AckResult:
-    """Starting ACK: the worker accepted the offer (ADR-0012 §3, SIBLINGS §3). Attempt claimed → starting.
+    """Starting ACK: the worker accepted the offer (ADR-0012 §3, docs/leases.md, Activation ACKs). Attempt
+    claimed → starting.
 
     Arguments: the session fence, the lease fence (``attempt_id``, ``lease_generation`` ≥ 1,
     ``lease_token``), the ``offer_id`` the lease was claimed with and the ``lease_version`` the
@@ -137,7 +138,8 @@ def lease_running(
     pgid: int | None,
     executor_handle: str,
 ) -> AckResult:
-    """Running ACK: the executor owns a process (ADR-0012 §3, SIBLINGS §3). Attempt and run → running.
+    """Running ACK: the executor owns a process (ADR-0012 §3, docs/leases.md, Activation ACKs). Attempt and
+    run → running.
 
     Arguments as :func:`lease_starting`, plus ``pid`` (1–2³¹−1), ``pgid`` (the process group the
     worker kills on cancel, or None) and ``executor_handle`` (≤512 characters, e.g.
@@ -209,7 +211,8 @@ def lease_start_failed(
     lease_version: int,
     reason: str,
 ) -> AckResult:
-    """The worker could not (or must not) start the attempt: end it in one transaction (SIBLINGS §3).
+    """The worker could not (or must not) start the attempt: end it in one transaction (docs/leases.md,
+    Activation ACKs).
 
     Arguments as :func:`lease_starting`, plus ``reason``: ``executor_start_failed`` → failed
     (retried per the revision's ``retry_on``), ``cancelled`` → cancelled (only when the run has a

@@ -237,7 +237,7 @@ def lease_claim(
 ) -> list[Offer]:
     """Atomically claim up to ``len(offers)`` runnable attempts for a worker session (worker pull).
 
-    ADR-0012 §3, SIBLINGS §5 (ADR-0108), PRODUCT invariants 4, 5, 7.
+    ADR-0012 §3, docs/placement.md §5, docs/leases.md, Claim.
 
     Arguments: ``worker_id`` the authenticated worker (never a body field); ``session_id`` and
     ``generation`` its session fence; ``offers`` 1–8 worker-generated (offer id UUID, lease
@@ -306,13 +306,14 @@ def lease_claim(
             "session_draining", "the session is draining and takes no new runs", field="sessionId"
         )
     active = RunDispatchLease.objects.filter(session_id=session.pk, state=LeaseState.LEASED).count()
-    free = min(session.max_concurrent_runs, session.available_slots) - active
+    capacity = min(session.max_concurrent_runs, session.available_slots)
+    free = capacity - active
     if free <= 0:
         if answered:
             return answered
         raise DomainError(
             "capacity_exhausted",
-            f"the session holds {active} active lease(s) of {min(session.max_concurrent_runs, session.available_slots)}",
+            f"the session holds {active} active lease(s) of {capacity}",
             details={"activeLeases": active},
         )
 

@@ -1,4 +1,5 @@
-"""Completion: an attempt's result under both fences, in one transaction (ADR-0012 §3; ``docs/leases.md`` Completion)."""
+"""Completion: an attempt's result under both fences, in one transaction (ADR-0012 §3; ``docs/leases.md``
+Completion)."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def lease_complete(
     lease_token: str,
     completion: Completion,
 ) -> CompletionResult:
-    """Record an attempt's result under both fences, in one transaction (ADR-0012 §3, PRODUCT invariant 6).
+    """Record an attempt's result under both fences, in one transaction (ADR-0012 §3, docs/leases.md,
+    Completion).
 
     Arguments: the session fence, the lease fence and a :class:`Completion` (sequence ≥ 1,
     outcome succeeded | failed | timed_out | cancelled, exit code −255…255 or None, output

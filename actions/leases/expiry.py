@@ -26,7 +26,7 @@ TRANSIENT_CODES = ("lock_timeout", "storage_busy")
 
 @write_path
 def lease_expire(*, lease_id: uuid.UUID, observed_version: int) -> bool:
-    """Settle one lapsed lease if it is still lapsed at the version the sweep observed (SIBLINGS §1
+    """Settle one lapsed lease if it is still lapsed at the version the sweep observed (docs/leases.md, States
     ``expireWithLease``, ADR-0012 "not implemented yet": expiry/lost).
 
     Arguments: ``lease_id`` and ``observed_version``, one pair from :func:`expired_leases`.

@@ -34,7 +34,7 @@ def lease_renew(
     lease_token: str,
     lease_version: int,
 ) -> AckResult:
-    """Extend a started attempt's lease (ADR-0012 §3, SIBLINGS §6 "Renew CASes lease version and projection").
+    """Extend a started attempt's lease (ADR-0012 §3, docs/leases.md, Renew and release).
 
     Arguments: the session fence, the lease fence and ``lease_version`` (the version the worker
     holds, ≥ 0). Locks worker, then run. Writes: a compare-and-swap on (lease state, version,

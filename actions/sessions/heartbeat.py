@@ -1,4 +1,5 @@
-"""Heartbeat: keep a session alive and report free capacity (ADR-0012 §3, §5; ``docs/sessions.md`` Heartbeat cost)."""
+"""Heartbeat: keep a session alive and report free capacity (ADR-0012 §3, §5; ``docs/sessions.md`` Heartbeat
+cost)."""
 
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ def _heartbeat_write(
         expected_version=expected_version,
         purpose=Purpose.HEARTBEAT,
     )
-    worker, session, now = fenced.worker, fenced.session, fenced.now
+    session, now = fenced.session, fenced.now
     slots = _effective_slots(session, available_slots)
     updates: dict[str, object] = {}
     if _lease_needs_extension(session, now):

@@ -1,4 +1,5 @@
-"""Session registration: a process start registers, replays or is refused (ADR-0012 §2, §3, §6; ``docs/sessions.md``)."""
+"""Session registration: a process start registers, replays or is refused (ADR-0012 §2, §3, §6;
+``docs/sessions.md``)."""
 
 from __future__ import annotations
 

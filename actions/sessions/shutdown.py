@@ -1,4 +1,5 @@
-"""Drain and offline: a session stops taking work, then ends (ADR-0012 §5; ``docs/sessions.md`` Drain and offline)."""
+"""Drain and offline: a session stops taking work, then ends (ADR-0012 §5; ``docs/sessions.md`` Drain and
+offline)."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def session_offline(
 @write_path
 def session_operator_offline(*, worker_id: uuid.UUID, force: bool = False, actor: str = "") -> SessionView:
     """Operator: take the worker's live session offline now (admin action, ``manage.py
-    session_offline``; ADR-0012 §5, PRODUCT invariant 12).
+    session_offline``; ADR-0012 §5, docs/sessions.md, Drain and offline).
 
     Arguments: ``worker_id``; ``force`` whether to proceed although the session holds active
     run leases; ``actor`` the operator's username. Without ``force`` it is refused like the

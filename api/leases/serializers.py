@@ -32,7 +32,11 @@ class OfferRequestSerializer(StrictSerializer):
 
 
 class ClaimSerializer(FenceSerializer):
-    offers = OfferRequestSerializer(many=True, min_length=1, max_length=MAX_OFFERS_PER_CLAIM)
+    # DRF passes min_length/max_length on to the ListSerializer that many=True builds; the stubs'
+    # BaseSerializer.__init__ does not list them.
+    offers = OfferRequestSerializer(  # type: ignore[call-arg]
+        many=True, min_length=1, max_length=MAX_OFFERS_PER_CLAIM
+    )
 
 
 #: Lease generations and versions are stored as 32-bit integers; a larger number names no lease.

@@ -9,7 +9,7 @@ from actions.leases.activation import lease_running, lease_start_failed, lease_s
 from actions.leases.claims import OfferRequest, lease_claim
 from actions.leases.completion import Completion, lease_complete
 from actions.leases.renewal import lease_release, lease_renew
-from api.base import WorkerAPIView
+from api.base import WorkerAPIView, validated
 from core.conf import protocol
 from leases.fence import AckResult
 from protocol import wire
@@ -17,17 +17,10 @@ from protocol import wire
 from . import serializers as s
 
 
-def _valid(serializer_class, request):
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
-
-
-def _lease_fence(principal, data) -> dict:
+def _lease_fence(view: WorkerAPIView, data: dict) -> dict:
+    """Both fences of a validated lease call as write-path keywords."""
     return {
-        "worker_id": principal.worker_id,
-        "session_id": data["sessionId"],
-        "generation": data["generation"],
+        **view.session_fence(data),
         "attempt_id": data["attemptId"],
         "lease_generation": data["leaseGeneration"],
         "lease_token": data["leaseToken"],
@@ -51,11 +44,9 @@ class ClaimView(WorkerAPIView):
 
     @extend_schema(request=s.ClaimSerializer, responses={200: s.ClaimOutSerializer})
     def post(self, request):
-        data = _valid(s.ClaimSerializer, request)
+        data = validated(s.ClaimSerializer, request)
         offers = lease_claim(
-            worker_id=self.principal.worker_id,
-            session_id=data["sessionId"],
-            generation=data["generation"],
+            **self.session_fence(data),
             offers=[OfferRequest(o["offerId"], o["leaseToken"]) for o in data["offers"]],
         )
         out = {"offers": [s.offer_out(o) for o in offers], "pollAfterSeconds": protocol().claim_poll_seconds}
@@ -67,9 +58,9 @@ class StartingView(WorkerAPIView):
 
     @extend_schema(request=s.AckSerializer, responses={200: s.AckOutSerializer})
     def post(self, request):
-        data = _valid(s.AckSerializer, request)
+        data = validated(s.AckSerializer, request)
         result = lease_starting(
-            **_lease_fence(self.principal, data), offer_id=data["offerId"], lease_version=data["leaseVersion"]
+            **_lease_fence(self, data), offer_id=data["offerId"], lease_version=data["leaseVersion"]
         )
         return Response(_ack_out(result))
 
@@ -79,9 +70,9 @@ class RunningView(WorkerAPIView):
 
     @extend_schema(request=s.RunningAckSerializer, responses={200: s.AckOutSerializer})
     def post(self, request):
-        data = _valid(s.RunningAckSerializer, request)
+        data = validated(s.RunningAckSerializer, request)
         result = lease_running(
-            **_lease_fence(self.principal, data),
+            **_lease_fence(self, data),
             offer_id=data["offerId"],
             lease_version=data["leaseVersion"],
             pid=data["pid"],
@@ -96,9 +87,9 @@ class StartFailedView(WorkerAPIView):
 
     @extend_schema(request=s.StartFailedSerializer, responses={200: s.AckOutSerializer})
     def post(self, request):
-        data = _valid(s.StartFailedSerializer, request)
+        data = validated(s.StartFailedSerializer, request)
         result = lease_start_failed(
-            **_lease_fence(self.principal, data),
+            **_lease_fence(self, data),
             offer_id=data["offerId"],
             lease_version=data["leaseVersion"],
             reason=data["reason"],
@@ -111,8 +102,8 @@ class RenewView(WorkerAPIView):
 
     @extend_schema(request=s.VersionedLeaseSerializer, responses={200: s.AckOutSerializer})
     def post(self, request):
-        data = _valid(s.VersionedLeaseSerializer, request)
-        result = lease_renew(**_lease_fence(self.principal, data), lease_version=data["leaseVersion"])
+        data = validated(s.VersionedLeaseSerializer, request)
+        result = lease_renew(**_lease_fence(self, data), lease_version=data["leaseVersion"])
         return Response(_ack_out(result))
 
 
@@ -121,8 +112,8 @@ class ReleaseView(WorkerAPIView):
 
     @extend_schema(request=s.VersionedLeaseSerializer, responses={200: s.AckOutSerializer})
     def post(self, request):
-        data = _valid(s.VersionedLeaseSerializer, request)
-        result = lease_release(**_lease_fence(self.principal, data), lease_version=data["leaseVersion"])
+        data = validated(s.VersionedLeaseSerializer, request)
+        result = lease_release(**_lease_fence(self, data), lease_version=data["leaseVersion"])
         return Response(_ack_out(result))
 
 
@@ -133,9 +124,9 @@ class CompleteView(WorkerAPIView):
 
     @extend_schema(request=s.CompleteSerializer, responses={200: s.CompleteOutSerializer})
     def post(self, request):
-        data = _valid(s.CompleteSerializer, request)
+        data = validated(s.CompleteSerializer, request)
         result = lease_complete(
-            **_lease_fence(self.principal, data),
+            **_lease_fence(self, data),
             completion=Completion(
                 sequence=data["sequence"],
                 outcome=data["outcome"],

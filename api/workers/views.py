@@ -12,19 +12,13 @@ from actions.enrollment import worker_enroll
 from actions.sessions.heartbeat import session_heartbeat
 from actions.sessions.registration import session_register
 from actions.sessions.shutdown import session_drain, session_offline
-from api.base import WorkerAPIView
+from api.base import WorkerAPIView, validated
 from api.ratelimit import by_address, client_address, enforce
 from core.conf import protocol
 from protocol import wire
 from workers.principals import remember_session_owner
 
 from . import serializers as s
-
-
-def _valid(serializer_class, request):
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 class EnrollView(APIView):
@@ -49,7 +43,7 @@ class EnrollView(APIView):
 
     @extend_schema(request=s.EnrollSerializer, responses={201: s.EnrollOutSerializer}, auth=[])
     def post(self, request):
-        data = _valid(s.EnrollSerializer, request)
+        data = validated(s.EnrollSerializer, request)
         credential = worker_enroll(
             token=data["token"],
             public_key=data["publicKey"],
@@ -72,7 +66,7 @@ class RotateKeyView(WorkerAPIView):
         request=s.RotateSerializer, responses={200: s.RotateOutSerializer, 201: s.RotateOutSerializer}
     )
     def post(self, request):
-        data = _valid(s.RotateSerializer, request)
+        data = validated(s.RotateSerializer, request)
         rotation = credential_rotate(
             worker_id=self.principal.worker_id,
             credential_id=self.principal.credential_id,
@@ -95,7 +89,7 @@ class RegisterView(WorkerAPIView):
         request=s.RegisterSerializer, responses={200: s.SessionOutSerializer, 201: s.SessionOutSerializer}
     )
     def post(self, request):
-        data = _valid(s.RegisterSerializer, request)
+        data = validated(s.RegisterSerializer, request)
         view = session_register(
             worker_id=self.principal.worker_id,
             session_id=data["sessionId"],
@@ -116,14 +110,8 @@ class HeartbeatView(WorkerAPIView):
 
     @extend_schema(request=s.HeartbeatSerializer, responses={200: s.SessionOutSerializer})
     def post(self, request):
-        data = _valid(s.HeartbeatSerializer, request)
-        view = session_heartbeat(
-            worker_id=self.principal.worker_id,
-            session_id=data["sessionId"],
-            generation=data["generation"],
-            expected_version=data["expectedVersion"],
-            available_slots=data["availableSlots"],
-        )
+        data = validated(s.HeartbeatSerializer, request)
+        view = session_heartbeat(**self.session_fence(data), available_slots=data["availableSlots"])
         return Response(s.session_out(view))
 
 
@@ -132,13 +120,8 @@ class DrainView(WorkerAPIView):
 
     @extend_schema(request=s.TransitionSerializer, responses={200: s.SessionOutSerializer})
     def post(self, request):
-        data = _valid(s.TransitionSerializer, request)
-        view = session_drain(
-            worker_id=self.principal.worker_id,
-            session_id=data["sessionId"],
-            generation=data["generation"],
-            expected_version=data["expectedVersion"],
-        )
+        data = validated(s.TransitionSerializer, request)
+        view = session_drain(**self.session_fence(data))
         return Response(s.session_out(view))
 
 
@@ -147,12 +130,6 @@ class OfflineView(WorkerAPIView):
 
     @extend_schema(request=s.TransitionSerializer, responses={200: s.SessionOutSerializer})
     def post(self, request):
-        data = _valid(s.TransitionSerializer, request)
-        view = session_offline(
-            worker_id=self.principal.worker_id,
-            session_id=data["sessionId"],
-            generation=data["generation"],
-            expected_version=data["expectedVersion"],
-            actor=self.principal.worker_name,
-        )
+        data = validated(s.TransitionSerializer, request)
+        view = session_offline(**self.session_fence(data), actor=self.principal.worker_name)
         return Response(s.session_out(view))

@@ -18,14 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from django.db import connection
+
 ROOT = Path(__file__).resolve().parents[2]
 PORTS = range(8600, 8700)
 
 
 def database_url() -> str:
     """The URL of the database this test runs on (pytest-django's test database)."""
-    from django.db import connection
-
     settings = connection.settings_dict
     if connection.vendor == "sqlite":
         return f"sqlite:///{settings['NAME']}"

@@ -1,6 +1,6 @@
 """A job never outlives its agent: SIGKILL the agent mid-run and the job's whole process group
 dies within the guard's poll and grace (agent/guard.py), so the control plane's retry of the lost
-attempt can never run beside it (PRODUCT invariant 4)."""
+attempt can never run beside it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import time
 import pytest
 
 from actions.enrollment import enrollment_token_create, worker_create
+from core.db import db_now
+from leases.models import RunDispatchLease
 from runs.models import Run, RunAttempt
 from tests.agent.processes import wait_for
 from tests.agent.test_cancel_running import agent, group_members
@@ -24,13 +26,17 @@ def test_killing_the_agent_ends_its_jobs_process_group(live_server, tmp_path, co
     issued = enrollment_token_create(worker_id=worker.pk)
     state = tmp_path / "state"
     assert agent(state, "enroll", "--server", live_server.url, "--token", issued.token).wait(30) == 0
-    run = enqueue(make_revision(command=command, timeout_seconds=600, max_attempts=2, lost_retry="idempotent"))
+    run = enqueue(
+        make_revision(command=command, timeout_seconds=600, max_attempts=2, lost_retry="idempotent")
+    )
     process = agent(state, "run", "--poll-max", "1")
     try:
-        attempt = wait_for(lambda: RunAttempt.objects.filter(run=run, state="running").first(),
-                           what="the attempt to run")
-        assert wait_for(lambda: len(group_members(attempt.pgid)) >= 3, timeout=10,
-                        what="guard, shell and sleep")
+        attempt = wait_for(
+            lambda: RunAttempt.objects.filter(run=run, state="running").first(), what="the attempt to run"
+        )
+        assert wait_for(
+            lambda: len(group_members(attempt.pgid)) >= 3, timeout=10, what="guard, shell and sleep"
+        )
         process.send_signal(signal.SIGKILL)
         process.wait(10)
         killed = time.monotonic()
@@ -47,9 +53,6 @@ def test_killing_the_agent_ends_its_jobs_process_group(live_server, tmp_path, co
 def test_a_paused_agents_job_ends_before_its_lease_can_lapse(live_server, tmp_path, protocol_settings):
     """SIGSTOP the agent: it cannot renew, so its job's guard ends the job before the lease the
     control plane granted can lapse — the retry can never overlap it."""
-    from core.db import db_now
-    from leases.models import RunDispatchLease
-
     protocol_settings(RUN_LEASE_SECONDS=8, SESSION_LEASE_SECONDS=120, HEARTBEAT_INTERVAL_SECONDS=30)
     worker = worker_create(name="paused-worker")
     issued = enrollment_token_create(worker_id=worker.pk)
@@ -58,11 +61,16 @@ def test_a_paused_agents_job_ends_before_its_lease_can_lapse(live_server, tmp_pa
     run = enqueue(make_revision(command="sleep 300 & wait", timeout_seconds=600))
     process = agent(state, "run", "--poll-max", "1")
     try:
-        attempt = wait_for(lambda: RunAttempt.objects.filter(run=run, state="running").first(),
-                           what="the attempt to run")
+        attempt = wait_for(
+            lambda: RunAttempt.objects.filter(run=run, state="running").first(), what="the attempt to run"
+        )
         lease = RunDispatchLease.objects.get(attempt=attempt)
-        renewed = wait_for(lambda: RunDispatchLease.objects.filter(pk=lease.pk, version__gt=lease.version).first(),
-                           timeout=15, step=0.02, what="a renewal")
+        renewed = wait_for(
+            lambda: RunDispatchLease.objects.filter(pk=lease.pk, version__gt=lease.version).first(),
+            timeout=15,
+            step=0.02,
+            what="a renewal",
+        )
         process.send_signal(signal.SIGSTOP)
         wait_for(lambda: not group_members(attempt.pgid), timeout=15, step=0.05, what="the group to die")
         assert db_now() < renewed.expires_at  # gone while the lease was still the agent's

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from actions.enrollment import enrollment_token_create, worker_create
+from agent.state import StateDir
 from protocol import wire
 from runs.models import Run
 from tests.agent.processes import wait_for
-from tests.helpers import SignedClient, enqueue, make_revision
+from tests.helpers import Enrolled, SignedClient, enqueue, make_revision
 from workers.models import WorkerSession
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -23,10 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def agent(state: Path, *args: str, **popen) -> subprocess.Popen:
     env = {**os.environ, "QINGLONG_WORKER_LOG_LEVEL": "INFO"}
-    return subprocess.Popen([sys.executable, "-m", "agent", "--state-dir", str(state), *args], cwd=ROOT,
-                            env=env, **popen)
-
-
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent", "--state-dir", str(state), *args], cwd=ROOT, env=env, **popen
+    )
 
 
 @pytest.fixture
@@ -34,7 +34,9 @@ def enrolled_agent(live_server, tmp_path):
     worker = worker_create(name="e2e-worker")
     issued = enrollment_token_create(worker_id=worker.pk)
     state = tmp_path / "state"
-    done = agent(state, "enroll", "--server", live_server.url, "--token", issued.token, "--worker", "e2e-worker")
+    done = agent(
+        state, "enroll", "--server", live_server.url, "--token", issued.token, "--worker", "e2e-worker"
+    )
     assert done.wait(30) == 0
     assert (state / "credential.json").stat().st_mode & 0o777 == 0o600
     return worker, state
@@ -51,6 +53,7 @@ def test_agent_runs_real_jobs_restarts_as_generation_2_and_drains(enrolled_agent
     runs = {name: enqueue(revision) for name, (revision, _, _) in samples.items()}
     process = agent(state, "run", "--max-concurrent", "4", "--poll-max", "1", "--drain-timeout", "10")
     try:
+
         def all_done():
             states = dict(Run.objects.filter(pk__in=[r.pk for r in runs.values()]).values_list("pk", "state"))
             return all(s in ("succeeded", "failed", "timed_out", "cancelled") for s in states.values())
@@ -67,20 +70,25 @@ def test_agent_runs_real_jobs_restarts_as_generation_2_and_drains(enrolled_agent
         process.send_signal(signal.SIGKILL)  # a crash: no drain, no offline
         process.wait(10)
         process = agent(state, "run", "--poll-max", "1", "--drain-timeout", "10")
-        second = wait_for(lambda: WorkerSession.objects.filter(worker=worker, generation=2).first(),
-                          what="generation 2")
+        second = wait_for(
+            lambda: WorkerSession.objects.filter(worker=worker, generation=2).first(), what="generation 2"
+        )
         assert second.state == "online"
         first.refresh_from_db()
         assert first.state == "fenced"
 
-        from agent.state import StateDir
-        from tests.helpers import Enrolled
-
         credential, key = StateDir(state).load()
         api = SignedClient(client, Enrolled(worker.pk, worker.name, credential.credentialId, key))
         before = list(WorkerSession.objects.order_by("pk").values())
-        answer = api.post(wire.SESSION_HEARTBEAT, {"sessionId": str(first.pk), "generation": 1,
-                                                   "expectedVersion": first.version, "availableSlots": 1})
+        answer = api.post(
+            wire.SESSION_HEARTBEAT,
+            {
+                "sessionId": str(first.pk),
+                "generation": 1,
+                "expectedVersion": first.version,
+                "availableSlots": 1,
+            },
+        )
         assert answer.status_code == 409 and answer.json()["code"] == "session_superseded"
         assert list(WorkerSession.objects.order_by("pk").values()) == before
 

@@ -1,4 +1,4 @@
-"""The real agent against a real ``manage.py serve`` on the test database (issue 6 acceptance):
+"""The real agent against a real ``manage.py serve`` on the test database:
 
 * a control-plane restart — a cut shorter than the session lease — is survived with backoff and
   jitter and *without* a new session;
@@ -81,7 +81,9 @@ def test_restart_keeps_the_session_and_a_long_cut_fences_it(plane, agent):
     try:
         done = wait_for(lambda: finished(run), what="a run after the restart")
     except AssertionError as exc:  # say what the agent and the control plane saw
-        raise AssertionError(f"{exc}\n--- agent ---\n{process.log()[-6000:]}\n--- serve ---\n{plane.log()}") from None
+        raise AssertionError(
+            f"{exc}\n--- agent ---\n{process.log()[-6000:]}\n--- serve ---\n{plane.log()}"
+        ) from None
     assert done.state == "succeeded"
     assert RunAttempt.objects.get(run=run).session_id == first.pk  # the same session did it
     assert list(WorkerSession.objects.filter(worker=worker).values_list("generation", flat=True)) == [1]

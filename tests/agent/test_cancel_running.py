@@ -1,4 +1,4 @@
-"""Cancel during ``running`` with the real agent process (SIBLINGS §2, ADR-0012 "the coordination
+"""Cancel during ``running`` with the real agent process (ADR-0012 "the coordination
 protocol between cancellation, shutdown and the Run Lease"): the cancel is recorded, the worker
 learns it from its next renew answer, kills the job's whole process group within one renew
 interval — even a job that ignores SIGTERM — and completes the attempt ``cancelled``."""
@@ -35,8 +35,6 @@ def agent(state: Path, *args: str, **popen) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "agent", "--state-dir", str(state), *args], cwd=ROOT, env=env, **popen
     )
-
-
 
 
 def group_members(pgid: int) -> list[int]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent.calls import classify
 from agent.client import ApiError, Client
-from agent.runtime import Agent, Settings, classify
+from agent.runtime import Agent, Settings
 from agent.state import Credential, StateDir
 from protocol import wire
 from tests.helpers import enrolled_worker, register

@@ -24,8 +24,9 @@ def test_sigterm_right_after_an_operator_drain_still_ends_offline(live_server, t
     assert agent(state, "enroll", "--server", live_server.url, "--token", issued.token).wait(30) == 0
     process = agent(state, "run", "--poll-max", "1")
     try:
-        session = wait_for(lambda: WorkerSession.objects.filter(worker=worker, state="online").first(),
-                           what="the session")
+        session = wait_for(
+            lambda: WorkerSession.objects.filter(worker=worker, state="online").first(), what="the session"
+        )
         worker_drain(worker_id=worker.pk, actor="ops")  # version 0 -> 1 under the agent
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0

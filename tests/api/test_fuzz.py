@@ -20,12 +20,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 import schemathesis
 import yaml
+from django.contrib.auth import get_user_model
+from django.core.signals import request_finished, request_started
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
+from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 from schemathesis.core import NOT_SET
 from schemathesis.generation import GenerationMode
@@ -71,8 +77,6 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def schema(django_db_blocker):
-    from django.core.wsgi import get_wsgi_application
-
     # Fetching the schema is a WSGI request, whose request_started signal touches the database
     # connection; a module-scoped fixture runs outside any test's database access.
     with django_db_blocker.unblock():
@@ -83,9 +87,6 @@ def schema(django_db_blocker):
 def in_test_transaction():
     """The WSGI handler closes the database connection around each request; inside a test's
     transaction that would end the test's world, so (as Django's test client does) it doesn't."""
-    from django.core.signals import request_finished, request_started
-    from django.db import close_old_connections
-
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
     yield
@@ -97,9 +98,6 @@ def in_test_transaction():
 def callers(protocol_settings, in_test_transaction):
     """An enrolled worker with a live session, a staff token and a queued run to read and
     cancel; rate limits out of the way."""
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
-
     protocol_settings(RATE_WORKER="100000/m", RATE_ENROLL="100000/m", RATE_AUTH_FAILURES="100000/m")
     worker = enrolled_worker()
     session = register(worker)
@@ -132,8 +130,6 @@ def _bind(case, ids: dict) -> None:
 def _target(case) -> str:
     path = case.formatted_path
     if case.query:
-        from urllib.parse import urlencode
-
         return f"{path}?{urlencode(case.query, doseq=True)}"
     return path
 

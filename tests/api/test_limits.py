@@ -1,4 +1,4 @@
-"""Message limits (ADR-0012 §1, SIBLINGS §7-§8): body size per endpoint before anything parses
+"""Message limits (ADR-0012 §1, docs/transport.md §6): body size per endpoint before anything parses
 or authenticates (413), strict JSON (depth, duplicate keys), rate limits per principal (429)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from django.test.utils import CaptureQueriesContext
 
 from api import parsers
 from protocol import strictjson, wire
-from tests.helpers import SignedClient, enrolled_worker, register
+from protocol.signing import sign_request
+from tests.helpers import SignedClient, enrolled_worker, heartbeat, register
 
 pytestmark = pytest.mark.django_db
 
@@ -20,10 +21,6 @@ pytestmark = pytest.mark.django_db
 def api(client):
     worker = enrolled_worker()
     return SignedClient(client, worker), register(worker)
-
-
-def heartbeat(session, **changes):
-    return {**session.fence(), "expectedVersion": session.version, "availableSlots": 2, **changes}
 
 
 def test_an_oversized_body_is_refused_before_authentication_and_parsing(client, monkeypatch):
@@ -131,7 +128,6 @@ def test_worker_endpoints_take_only_post(api):
     signed, _ = api
     unsigned = signed.client.get(wire.SESSION_HEARTBEAT)
     assert (unsigned.status_code, unsigned.json()["code"]) == (401, "signature_missing")
-    from protocol.signing import sign_request
 
     headers = sign_request(
         method="GET",

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.renderers import OpenApiYamlRenderer
 
 from tests.api.test_routes import routes
 
@@ -20,14 +22,10 @@ REGENERATE = "regenerate it: .venv/bin/python manage.py spectacular --file docs/
 
 
 def generated() -> dict:
-    from drf_spectacular.generators import SchemaGenerator
-
     return SchemaGenerator().get_schema(request=None, public=True)
 
 
 def test_the_committed_schema_is_the_generated_one():
-    from drf_spectacular.renderers import OpenApiYamlRenderer
-
     rendered = OpenApiYamlRenderer().render(generated(), renderer_context={}).decode("utf-8")
     assert COMMITTED.read_text(encoding="utf-8") == rendered, (
         f"docs/openapi.yaml drifted from the code; {REGENERATE}"

@@ -8,6 +8,7 @@ from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
 from protocol import wire
+from protocol.signing import sign_request
 from tests.helpers import SignedClient, enrolled_worker, register
 
 pytestmark = pytest.mark.django_db
@@ -70,7 +71,6 @@ def test_a_staff_session_reads_and_needs_csrf_to_write(client):
 def test_a_worker_signature_never_reaches_an_operator_endpoint(client, method, path):
     worker = enrolled_worker()
     staff_token = token_for("ops2", staff=True)
-    from protocol.signing import sign_request
 
     headers = sign_request(
         method=method,

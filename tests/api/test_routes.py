@@ -1,4 +1,4 @@
-"""No endpoint a worker can reach exists without the transport's protections (issue 6, ADR-0012 §1):
+"""No endpoint a worker can reach exists without the transport's protections (ADR-0012 §1):
 every worker route is a signed, rate-limited, principal-bound ``WorkerAPIView`` with a body
 limit (enrollment, the one unsigned route, is rate limited per address and size limited); every
 operator route is an ``OperatorAPIView``."""

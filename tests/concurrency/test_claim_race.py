@@ -1,6 +1,6 @@
 """Four OS processes, each with its own database connection, race 50 claims each over one
 backlog of 200 runs (ADR-0012 §6 "a PostgreSQL contract suite covers multi-replica claim";
-PRODUCT invariant 4). Runs on PostgreSQL and on SQLite.
+docs/leases.md, Claim). Runs on PostgreSQL and on SQLite.
 
 Each process plays a control-plane replica serving six workers (maximum concurrency 3) that all
 four processes share, so claims for one worker contend for its row lock and its capacity from
@@ -23,7 +23,9 @@ from django.db import connections
 from actions.leases.activation import lease_running, lease_starting
 from actions.leases.claims import OfferRequest, lease_claim
 from actions.leases.completion import Completion, lease_complete
+from core.errors import DomainError
 from leases.models import RunDispatchLease
+from protocol.ids import uuid7
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 
@@ -37,9 +39,6 @@ MAX_CONCURRENT = 3
 
 def _replica(index: int, sessions: list[tuple], barrier, results) -> None:
     """One process: claim until it has 50 claims (its own connection, opened after the fork)."""
-    from core.errors import DomainError
-    from protocol.ids import uuid7
-
     outcomes: Counter[str] = Counter()
     held: list[tuple[int, dict]] = []
 

@@ -1,6 +1,6 @@
 """Lease expiry takeover under a real race: three workers claim at the same instant for one
 attempt whose unstarted lease lapsed; exactly one takes it over under lease generation 2
-(ADR-0012 §6 "lease expiry"; SIBLINGS §1 ``expireWithLease``)."""
+(ADR-0012 §6 "lease expiry"; docs/leases.md, States)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Duplicate and conflicting completions racing on separate connections (PRODUCT invariant 6):
+"""Duplicate and conflicting completions racing on separate connections (docs/leases.md, Completion):
 identical resends give one result and identical answers; different results give one winner and
 one ``lease_completed`` conflict — never a second result."""
 

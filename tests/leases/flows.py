@@ -1,6 +1,6 @@
 """Service-level lease flows for tests: claim, ACK, renew, complete, and moving lease time.
 
-Time is moved the house way (STYLE §10): by setting the database's notion of a lease's expiry
+Time is moved the house way: by setting the database's notion of a lease's expiry
 or a run's next-attempt time relative to the database clock, never by sleeping.
 """
 
@@ -14,6 +14,7 @@ from actions.leases.activation import lease_running, lease_starting
 from actions.leases.claims import OfferRequest, lease_claim
 from actions.leases.completion import Completion, CompletionResult, lease_complete
 from actions.leases.renewal import lease_release, lease_renew
+from audit.models import Event
 from core.db import db_now
 from leases.fence import AckResult
 from leases.models import RunDispatchLease
@@ -31,6 +32,7 @@ class Held:
     lease_generation: int
     lease_version: int
     execution: dict[str, Any] = field(default_factory=dict)
+    run_id: Any = None
 
     def fence(self, **changes: Any) -> dict[str, Any]:
         base = {
@@ -69,6 +71,7 @@ def claim(session: Session, count: int = 1) -> list[Held]:
             o.lease.lease_generation,
             o.lease.version,
             o.execution,
+            o.lease.run_id,
         )
         for o in offers
     ]
@@ -139,3 +142,13 @@ def make_retry_due(run_id) -> None:
         next_attempt_at=db_now() - timedelta(seconds=1)
     )
     assert changed == 1, "the run is not waiting for a retry"
+
+
+def lease_rows() -> tuple:
+    """Every lease, attempt and run row and the number of events: what a refused call leaves alone."""
+    return (
+        list(RunDispatchLease.objects.order_by("pk").values()),
+        list(RunAttempt.objects.order_by("pk").values()),
+        list(Run.objects.order_by("pk").values()),
+        Event.objects.count(),
+    )

@@ -1,4 +1,6 @@
-"""Activation ACKs, renew and release (ADR-0012 §3, SIBLINGS §3): claim ≠ starting ≠ running."""
+"""Activation ACKs, renew and release (ADR-0012 §3; docs/leases.md, Activation ACKs).
+
+Claim ≠ starting ≠ running."""
 
 from __future__ import annotations
 
@@ -8,24 +10,13 @@ from actions.leases.activation import lease_start_failed, lease_starting
 from actions.leases.expiry import sweep_expired_leases
 from actions.leases.renewal import lease_renew
 from actions.runs import run_cancel
-from audit.models import Event
 from core.errors import DomainError
-from leases.models import RunDispatchLease
 from protocol.ids import uuid7
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
-from tests.leases.flows import claim_one, expire_lease, release, renew, running, start, starting
+from tests.leases.flows import claim_one, expire_lease, lease_rows, release, renew, running, start, starting
 
 pytestmark = pytest.mark.django_db
-
-
-def rows():
-    return (
-        list(RunDispatchLease.objects.order_by("pk").values()),
-        list(RunAttempt.objects.order_by("pk").values()),
-        list(Run.objects.order_by("pk").values()),
-        Event.objects.count(),
-    )
 
 
 @pytest.fixture
@@ -45,9 +36,9 @@ def test_starting_moves_the_attempt_and_the_lease_expiry_but_not_the_version(hel
     attempt = held.attempt()
     assert (attempt.state, attempt.lease_expires_at) == ("starting", lease.expires_at)
     assert Run.objects.get(pk=run.pk).state == "dispatching"
-    before = rows()
+    before = lease_rows()
     assert starting(held).status == "already_starting"
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_running_records_the_handle_and_a_different_handle_is_refused(held):
@@ -64,34 +55,34 @@ def test_running_records_the_handle_and_a_different_handle_is_refused(held):
     )
     assert Run.objects.get(pk=run.pk).state == "running"
     assert attempt.started_at == held.lease().running_at
-    before = rows()
+    before = lease_rows()
     assert running(held, pid=777).status == "already_running"
     with pytest.raises(DomainError) as refused:
         running(held, pid=778)
     assert (refused.value.code, refused.value.field) == ("executor_handle_mismatch", "executorHandle")
     assert starting(held).status == "already_running"
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_running_without_starting_is_refused(held):
     held, _ = held
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as refused:
         running(held)
     assert refused.value.code == "attempt_not_started"
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_an_ack_with_a_stale_lease_version_or_another_offer_id_is_refused(held):
     held, _ = held
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as stale:
         lease_starting(**held.fence(), offer_id=held.ticket.offer_id, lease_version=1)
     assert (stale.value.code, stale.value.details) == ("lease_version_conflict", {"currentVersion": 0})
     with pytest.raises(DomainError) as other:
         lease_starting(**held.fence(), offer_id=uuid7(), lease_version=0)
     assert (other.value.code, other.value.field) == ("lease_offer_conflict", "offerId")
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_dispatch_timeout_returns_the_attempt_to_the_queue_without_consuming_a_try(held):
@@ -112,11 +103,11 @@ def test_dispatch_timeout_returns_the_attempt_to_the_queue_without_consuming_a_t
     )
     run.refresh_from_db()
     assert (run.state, run.attempt_count) == ("dispatching", 1)
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as after:  # the timeout's outcome stands
         starting(held)
     assert (after.value.code, after.value.details) == ("lease_released", {"reason": "dispatch_timeout"})
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_start_failure_ends_the_attempt_and_retries_per_policy_and_replays_exactly(held):
@@ -130,7 +121,7 @@ def test_start_failure_ends_the_attempt_and_retries_per_policy_and_replays_exact
     assert (lease.state, lease.version, lease.completion_outcome) == ("completed", 1, "failed")
     assert held.attempt().state == "failed" and held.attempt().outcome_reason == "executor_start_failed"
     assert Run.objects.get(pk=run.pk).state == "retry_wait"
-    before = rows()
+    before = lease_rows()
     again = lease_start_failed(
         **held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="executor_start_failed"
     )
@@ -138,17 +129,17 @@ def test_start_failure_ends_the_attempt_and_retries_per_policy_and_replays_exact
     with pytest.raises(DomainError) as other:
         lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="timed_out")
     assert other.value.code == "lease_completed"
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_a_cancelled_start_failure_needs_a_cancel_request(held):
     held, run = held
     starting(held)
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as refused:
         lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled")
     assert (refused.value.code, refused.value.field) == ("cancel_not_requested", "reason")
-    assert rows() == before
+    assert lease_rows() == before
     run_cancel(run_id=run.pk)
     assert starting(held).cancel_requested is True
     lease_start_failed(**held.fence(), offer_id=held.ticket.offer_id, lease_version=0, reason="cancelled")
@@ -173,11 +164,11 @@ def test_renew_is_a_cas_on_the_version_and_extends_by_the_database_clock(held):
     assert (first.status, first.lease.version) == ("renewed", 1)
     lease = held.lease()
     assert lease.version == 1 and held.attempt().lease_expires_at == lease.expires_at
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as stale:
         lease_renew(**held.fence(), lease_version=0)
     assert (stale.value.code, stale.value.details) == ("lease_version_conflict", {"currentVersion": 1})
-    assert rows() == before
+    assert lease_rows() == before
     assert renew(held).lease.version == 2
 
 
@@ -188,11 +179,11 @@ def test_renewing_an_unstarted_or_lapsed_lease_is_refused(held):
     assert unstarted.value.code == "attempt_not_started"
     start(held)
     expire_lease(held.attempt_id)
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as lapsed:
         renew(held)
     assert lapsed.value.code == "lease_expired"
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_renew_answers_a_cancellation_request(held):

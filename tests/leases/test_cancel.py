@@ -1,5 +1,5 @@
-"""Cancellation across a run's life (SIBLINGS §2): recorded durably; a pending attempt ends at
-once; a dispatched or running one learns it from its next ACK/renew/heartbeat and the worker
+"""Cancellation across a run's life (docs/leases.md, Cancellation): recorded durably; a pending
+attempt ends at once; a dispatched or running one learns it from its next ACK/renew/heartbeat and the worker
 ends it; a vanished worker's attempt is cancelled, never retried; no new attempt ever follows."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Claims (worker pull): the queue order, capacity, replay and conflicts, takeover (ADR-0012 §3,
-SIBLINGS §5), through the service."""
+docs/placement.md §5), through the service."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from protocol.ids import uuid7
 from runs.models import Run, RunAttempt
 from runs.selectors import dispatch_queue_page
 from tests.helpers import OfferTicket, enqueue, enrolled_worker, make_revision, register, snapshot
-from tests.leases.flows import claim, claim_one, expire_lease, starting
+from tests.leases.flows import claim, claim_one, expire_lease, lease_rows, starting
 
 pytestmark = pytest.mark.django_db
 
@@ -31,15 +31,6 @@ def claim_raw(session, *tickets: OfferTicket):
         session_id=session.session_id,
         generation=session.generation,
         offers=[offer(t) for t in tickets],
-    )
-
-
-def rows():
-    return (
-        list(RunDispatchLease.objects.order_by("pk").values()),
-        list(RunAttempt.objects.order_by("pk").values()),
-        list(Run.objects.order_by("pk").values()),
-        Event.objects.count(),
     )
 
 
@@ -98,11 +89,11 @@ def test_capacity_is_min_of_max_concurrency_and_available_slots_minus_active_lea
     for _ in range(4):
         enqueue(revision)
     assert len(claim(session, 3)) == 2
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as refused:
         claim(session)
     assert refused.value.code == "capacity_exhausted" and refused.value.details == {"activeLeases": 2}
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_a_run_whose_placement_the_worker_misses_is_never_claimed():
@@ -117,7 +108,7 @@ def test_a_replayed_offer_rebuilds_the_same_answer_and_writes_nothing():
     enqueue(make_revision())
     ticket = OfferTicket()
     [first] = claim_raw(session, ticket)
-    before = rows()
+    before = lease_rows()
     [again] = claim_raw(session, ticket)
     assert again.status == "idempotent" and again.execution == first.execution
     assert (again.lease.pk, again.lease.version, again.lease.expires_at) == (
@@ -125,7 +116,7 @@ def test_a_replayed_offer_rebuilds_the_same_answer_and_writes_nothing():
         first.lease.version,
         first.lease.expires_at,
     )
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_a_replay_with_another_token_or_from_another_session_conflicts():
@@ -134,11 +125,11 @@ def test_a_replay_with_another_token_or_from_another_session_conflicts():
     enqueue(make_revision())
     ticket = OfferTicket()
     claim_raw(session, ticket)
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as refused:
         claim_raw(session, OfferTicket(offer_id=ticket.offer_id))
     assert (refused.value.code, refused.value.field) == ("lease_offer_conflict", "offers[0].offerId")
-    assert rows() == before
+    assert lease_rows() == before
     newer = register(worker)  # the old session's lease is settled (back to the queue)
     with pytest.raises(DomainError) as refused:
         claim_raw(newer, ticket)
@@ -151,11 +142,11 @@ def test_a_reused_lease_token_is_refused():
     enqueue(revision), enqueue(revision)
     ticket = OfferTicket()
     claim_raw(session, ticket)
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as refused:
         claim_raw(session, OfferTicket(token=ticket.token))
     assert (refused.value.code, refused.value.field) == ("lease_offer_conflict", "offers[0].leaseToken")
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_two_workers_may_present_the_same_token_without_colliding():
@@ -183,11 +174,11 @@ def test_two_workers_may_present_the_same_token_without_colliding():
 def test_malformed_offers_are_refused_naming_the_field(tickets, field):
     session = register(enrolled_worker(), max_concurrent=8)
     enqueue(make_revision()), enqueue(make_revision())
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as refused:
         claim_raw(session, *tickets(OfferTicket()))
     assert (refused.value.code, refused.value.field) == ("validation_failed", field)
-    assert rows() == before
+    assert lease_rows() == before
 
 
 def test_a_draining_session_claims_nothing_new_but_may_replay():

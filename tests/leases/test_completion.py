@@ -1,4 +1,4 @@
-"""Completion (ADR-0012 §3, PRODUCT invariant 6): both fences in one transaction, lease, attempt,
+"""Completion (ADR-0012 §3, docs/leases.md, Completion): both fences in one transaction, lease, attempt,
 run and events committed together, an exact replay or a conflict — never a second result."""
 
 from __future__ import annotations
@@ -9,21 +9,11 @@ from actions.leases.completion import lease_complete
 from actions.runs import run_cancel
 from audit.models import Event
 from core.errors import DomainError
-from leases.models import RunDispatchLease
-from runs.models import Run, RunAttempt
+from runs.models import RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
-from tests.leases.flows import claim_one, complete, completion, start, starting
+from tests.leases.flows import claim_one, complete, completion, lease_rows, start, starting
 
 pytestmark = pytest.mark.django_db
-
-
-def rows():
-    return (
-        list(RunDispatchLease.objects.order_by("pk").values()),
-        list(RunAttempt.objects.order_by("pk").values()),
-        list(Run.objects.order_by("pk").values()),
-        Event.objects.count(),
-    )
 
 
 def running_attempt(**policy):
@@ -55,13 +45,13 @@ def test_completion_commits_lease_attempt_run_and_events_together():
 def test_an_identical_resend_is_an_exact_replay_and_anything_else_is_a_409():
     held, _ = running_attempt()
     first = complete(held)
-    before = rows()
+    before = lease_rows()
     assert complete(held) == first
     for other in (dict(outcome="failed", exit_code=1), dict(sequence=2), dict(stdout="different\n")):
         with pytest.raises(DomainError) as refused:
             complete(held, **other)
         assert (refused.value.code, refused.value.status) == ("lease_completed", 409)
-    assert rows() == before
+    assert lease_rows() == before
 
 
 @pytest.mark.parametrize(
@@ -99,7 +89,7 @@ def test_a_cancelled_completion_needs_a_cancellation_request():
     """Only an operator's cancellation ends a run ``cancelled``: a worker's own say-so would skip
     the retry policy. Refused with nothing written; once requested, accepted."""
     held, run = running_attempt(max_attempts=3, retry_on=("failed",))
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as refused:
         complete(held, outcome="cancelled", exit_code=None)
     assert (refused.value.code, refused.value.status, refused.value.field) == (
@@ -107,7 +97,7 @@ def test_a_cancelled_completion_needs_a_cancellation_request():
         409,
         "outcome",
     )
-    assert rows() == before
+    assert lease_rows() == before
     run_cancel(run_id=run.pk)
     complete(held, outcome="cancelled", exit_code=-15)
     run.refresh_from_db()
@@ -120,11 +110,11 @@ def test_completing_before_the_running_ack_is_refused():
     enqueue(make_revision())
     held = claim_one(session)
     starting(held)
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as refused:
         complete(held)
     assert refused.value.code == "attempt_not_started"
-    assert rows() == before
+    assert lease_rows() == before
 
 
 @pytest.mark.parametrize(
@@ -136,8 +126,8 @@ def test_completing_before_the_running_ack_is_refused():
 )
 def test_an_impossible_completion_is_refused_naming_the_field(changes, field):
     held, _ = running_attempt()
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as refused:
         lease_complete(**held.fence(), completion=completion(**changes))
     assert (refused.value.code, refused.value.field) == ("validation_failed", field)
-    assert rows() == before
+    assert lease_rows() == before

@@ -22,7 +22,16 @@ from core.errors import DomainError
 from leases.models import RunDispatchLease
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
-from tests.leases.flows import claim, claim_one, complete, expire_lease, make_retry_due, renew, start
+from tests.leases.flows import (
+    claim,
+    claim_one,
+    complete,
+    expire_lease,
+    lease_rows,
+    make_retry_due,
+    renew,
+    start,
+)
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -35,15 +44,6 @@ def _any_worker_may_take_a_fresh_attempt(protocol_settings):
     """These tests pick which worker claims a retry; placement's hold for a better-ranked idle
     worker (DISPATCH_HOLD_SECONDS) would otherwise keep a fresh attempt for the lowest worker id."""
     protocol_settings(DISPATCH_HOLD_SECONDS=0)
-
-
-def rows():
-    return (
-        list(RunDispatchLease.objects.order_by("pk").values()),
-        list(RunAttempt.objects.order_by("pk").values()),
-        list(Run.objects.order_by("pk").values()),
-        Event.objects.count(),
-    )
 
 
 def count(run, *kinds) -> int:
@@ -125,14 +125,14 @@ def test_a_worker_paused_past_its_lease_cannot_renew_or_complete_and_the_retry_i
     make_retry_due(run.pk)
     sweep_due_retries()
     retry = start(claim_one(other))
-    before = rows()
+    before = lease_rows()
     with pytest.raises(DomainError) as renewing:  # it wakes up and renews with its old token
         renew(stale)
     assert (renewing.value.code, renewing.value.details) == ("lease_released", {"reason": "lease_expired"})
     with pytest.raises(DomainError) as completing:
         complete(stale, stdout="stale result\n")
     assert completing.value.code == "lease_released"
-    assert rows() == before
+    assert lease_rows() == before
     complete(retry, stdout="retry result\n")
     with pytest.raises(DomainError) as late:  # and once more after the retry finished
         complete(stale, stdout="stale result\n")
@@ -220,8 +220,8 @@ def test_a_sweep_racing_a_completion_changes_nothing(sweep_with_injected_write):
         complete(held, outcome="failed", exit_code=7)
 
     after_completion = []
-    assert sweep_with_injected_write(lambda: (completion(), after_completion.append(rows()))) == 0
-    assert rows() == after_completion[0]  # the sweep's write changed nothing at all
+    assert sweep_with_injected_write(lambda: (completion(), after_completion.append(lease_rows()))) == 0
+    assert lease_rows() == after_completion[0]  # the sweep's write changed nothing at all
     run.refresh_from_db()
     assert (run.state, run.exit_code) == ("failed", 7)  # failed is not in retry_on: no retry
     assert held.attempt().state == "failed" and held.lease().state == "completed"
@@ -324,7 +324,7 @@ def test_an_expired_session_settles_its_leases(two_leases):
 
 def test_session_replacement_and_lease_settlement_commit_together(two_leases, monkeypatch):
     worker, session, started, _ = two_leases
-    before = rows()
+    before = lease_rows()
     real = recorder.record
 
     def crash_on_lost(kind, **kwargs):
@@ -335,5 +335,5 @@ def test_session_replacement_and_lease_settlement_commit_together(two_leases, mo
     monkeypatch.setattr("runs.transitions.record", crash_on_lost)
     with pytest.raises(RuntimeError):
         register(worker)
-    assert rows() == before
+    assert lease_rows() == before
     assert WorkerSession.objects.get(pk=session.session_id).state == "online"

@@ -1,5 +1,5 @@
 """Every stale-token and old-session path is refused over signed HTTP and writes nothing
-(ADR-0012 §2–§3, PRODUCT invariants 2, 3, 6): each lease endpoint × each way a caller can be
+(ADR-0012 §2–§3, docs/sessions.md, fail-closed matrix): each lease endpoint × each way a caller can be
 out of date."""
 
 from __future__ import annotations

@@ -6,22 +6,13 @@ from datetime import timedelta
 
 import pytest
 
-from audit.models import Event
 from leases.models import RunDispatchLease
 from protocol import wire
 from runs.models import Run, RunAttempt
 from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
+from tests.leases.flows import lease_rows
 
 pytestmark = pytest.mark.django_db
-
-
-def snapshot_rows():
-    return (
-        list(RunDispatchLease.objects.order_by("pk").values()),
-        list(RunAttempt.objects.order_by("pk").values()),
-        list(Run.objects.order_by("pk").values()),
-        Event.objects.count(),
-    )
 
 
 @pytest.fixture
@@ -95,41 +86,41 @@ def test_claim_start_run_complete_over_signed_http(started):
     # the raw token is nowhere in the database
     assert fence["leaseToken"] not in str(list(RunDispatchLease.objects.values()))
 
-    before = snapshot_rows()
+    before = lease_rows()
     replay = api.post(wire.LEASE_COMPLETE, complete_body(fence))
     assert replay.status_code == 200 and replay.json() == done.json()
-    assert snapshot_rows() == before
+    assert lease_rows() == before
     conflicting = api.post(wire.LEASE_COMPLETE, complete_body(fence, outcome="failed", exitCode=1))
     assert conflicting.status_code == 409 and conflicting.json()["code"] == "lease_completed"
-    assert snapshot_rows() == before
+    assert lease_rows() == before
 
 
 def test_completion_with_a_wrong_token_is_refused_and_writes_nothing(started):
     api, *_, fence = started
-    before = snapshot_rows()
+    before = lease_rows()
     answer = api.post(wire.LEASE_COMPLETE, complete_body(fence, leaseToken="A" * 43))
     assert answer.status_code == 409 and answer.json()["code"] == "lease_token_mismatch"
     assert answer.json()["field"] == "leaseToken"
-    assert snapshot_rows() == before
+    assert lease_rows() == before
 
 
 def test_completion_from_an_old_session_is_refused_and_writes_nothing(started):
     api, session, worker, _, fence = started
     register(worker)  # the process restarted: generation 2 fences generation 1 and settles its lease
-    before = snapshot_rows()
+    before = lease_rows()
     answer = api.post(wire.LEASE_COMPLETE, complete_body(fence))
     assert answer.status_code == 409 and answer.json()["code"] == "session_superseded"
-    assert snapshot_rows() == before
+    assert lease_rows() == before
 
 
 def test_completion_after_lease_expiry_is_refused_and_writes_nothing(started):
     api, *_, fence = started
     lease = RunDispatchLease.objects.get(attempt_id=fence["attemptId"])
     RunDispatchLease.objects.filter(pk=lease.pk).update(expires_at=lease.claimed_at - timedelta(seconds=1))
-    before = snapshot_rows()
+    before = lease_rows()
     answer = api.post(wire.LEASE_COMPLETE, complete_body(fence))
     assert answer.status_code == 409 and answer.json()["code"] == "lease_expired"
-    assert snapshot_rows() == before
+    assert lease_rows() == before
 
 
 def test_claim_replay_rebuilds_the_same_offer_and_another_token_conflicts(client):

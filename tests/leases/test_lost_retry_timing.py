@@ -12,7 +12,7 @@ from actions.workers import worker_revoke
 from runs.models import Run
 from runs.outcomes import LOST_RETRY_MARGIN
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
-from tests.leases.flows import claim_one, start
+from tests.leases.flows import claim_one, expire_lease, start
 
 pytestmark = pytest.mark.django_db
 
@@ -49,7 +49,6 @@ def test_an_expired_lease_retries_after_the_backoff_alone():
         )
     )
     held = start(claim_one(session))
-    from tests.leases.flows import expire_lease
 
     expire_lease(held.attempt_id)
     assert sweep_expired_leases() == 1

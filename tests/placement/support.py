@@ -1,12 +1,14 @@
-"""Builders shared by the placement tests: operator API client, registration bodies, workers."""
+"""Builders shared by the placement tests: operator API client, workers, stored-row counts."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from audit.models import Event
 from protocol import capabilities as caps
-from protocol.ids import uuid7
+from runs.models import Task, TaskRevision
 from tests.helpers import BASE_SNAPSHOT, Enrolled, Session, enrolled_worker, register
+from workers.models import WorkerSession
 
 
 class OperatorClient:
@@ -23,19 +25,6 @@ class OperatorClient:
         return self.client.generic("POST", path, body, content_type="application/json", headers=self.headers)
 
 
-def register_body(capabilities: Any, **changes: Any) -> dict[str, Any]:
-    """A session registration body around ``capabilities`` (sent exactly as given)."""
-    return {
-        "sessionId": str(uuid7()),
-        "capabilities": capabilities,
-        "maxConcurrentRuns": 2,
-        "availableSlots": 2,
-        "softwareVersion": "test/1",
-        "protocolVersion": 1,
-        **changes,
-    }
-
-
 def live(
     name: str | None = None, *, max_concurrent: int = 2, slots: int | None = None, **snapshot: Any
 ) -> tuple[Enrolled, Session]:
@@ -45,3 +34,13 @@ def live(
         worker, max_concurrent=max_concurrent, slots=slots, snap=caps.snapshot({**BASE_SNAPSHOT, **snapshot})
     )
     return worker, session
+
+
+def stored() -> tuple[int, int, int, int]:
+    """Sessions, tasks, revisions and events: a refused request adds none of them."""
+    return (
+        WorkerSession.objects.count(),
+        Task.objects.count(),
+        TaskRevision.objects.count(),
+        Event.objects.count(),
+    )

@@ -15,8 +15,7 @@ import pytest
 from django.db import connection
 
 from protocol import wire
-from tests.helpers import SignedClient, enrolled_worker
-from tests.placement.support import register_body
+from tests.helpers import SignedClient, enrolled_worker, register_body
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""Bad input over HTTP: each answer is a 4xx naming the field, and nothing is stored (issue 4).
+"""Bad input over HTTP: each answer is a 4xx naming the field, and nothing is stored.
 
 Capability snapshots go through the signed worker register endpoint; placements through the
 operator API's task creation. "Nothing stored" means no session, task, revision or event row.
@@ -10,25 +10,15 @@ import json
 
 import pytest
 
-from audit.models import Event
 from protocol import capabilities as caps
 from protocol import strictjson, wire
-from runs.models import Task, TaskRevision
-from tests.helpers import BASE_SNAPSHOT, SignedClient, enrolled_worker
-from tests.placement.support import register_body
+from runs.models import TaskRevision
+from tests.helpers import BASE_SNAPSHOT, SignedClient, enrolled_worker, register_body
+from tests.placement.support import stored
 from tests.protocol.strategies import snapshot_of_size
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
-
-
-def stored():
-    return (
-        WorkerSession.objects.count(),
-        Task.objects.count(),
-        TaskRevision.objects.count(),
-        Event.objects.count(),
-    )
 
 
 @pytest.fixture
@@ -84,7 +74,8 @@ def caps_text(**replace: str) -> str:
             "json_invalid_string",
             "capabilities.features[0]",
         ),
-        # 1,000 levels: refused at the container that crosses the endpoint's depth (5: the shape needs no more).
+        # 1,000 levels: refused at the container that crosses the endpoint's depth
+        # (5: the shape needs no more).
         (
             raw_register(caps_text(labels='{"zone": ' + "[" * 1000 + "]" * 1000 + "}")),
             400,

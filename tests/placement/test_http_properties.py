@@ -1,5 +1,5 @@
 """Property-based HTTP tests: generated invalid snapshots and placements always get a 4xx naming
-the field the pure function names, never a 5xx, and store nothing (issue 4 acceptance)."""
+the field the pure function names, never a 5xx, and store nothing."""
 
 from __future__ import annotations
 
@@ -7,29 +7,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from audit.models import Event
 from placement import spec
 from protocol import capabilities as caps
 from protocol import strictjson, wire
 from protocol.errors import ProtocolError
 from runs.models import Task, TaskRevision
-from tests.helpers import SignedClient, enrolled_worker
-from tests.placement.support import register_body
+from tests.helpers import SignedClient, enrolled_worker, register_body
+from tests.placement.support import stored
 from tests.protocol.strategies import JSON, invalid_placements, invalid_snapshots
-from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
 
 HTTP = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def stored():
-    return (
-        WorkerSession.objects.count(),
-        Task.objects.count(),
-        TaskRevision.objects.count(),
-        Event.objects.count(),
-    )
 
 
 @pytest.fixture

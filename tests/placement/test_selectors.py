@@ -1,4 +1,4 @@
-"""Live workers and candidate pages (ADR-0012 §4, PRODUCT invariant 9)."""
+"""Live workers and candidate pages (ADR-0012 §4, docs/placement.md §5)."""
 
 from __future__ import annotations
 

@@ -35,8 +35,11 @@ def gpus(draw) -> dict[str, Any]:
         "vendor": draw(st.sampled_from(["nvidia", "amd", "intel"])),
         "model": draw(st.sampled_from(["A100", "H100 SXM", "RX 7900", "Arc A770"])),
         "memoryMiB": draw(st.integers(0, 81920)),
-        "features": draw(st.lists(st.sampled_from(["cuda11", "cuda12", "fp16", "rocm6", "tensor"]), unique=True,
-                                  max_size=3)),
+        "features": draw(
+            st.lists(
+                st.sampled_from(["cuda11", "cuda12", "fp16", "rocm6", "tensor"]), unique=True, max_size=3
+            )
+        ),
     }
     if draw(st.booleans()):
         gpu["count"] = draw(st.integers(1, 4))
@@ -46,8 +49,9 @@ def gpus(draw) -> dict[str, Any]:
 def _unique_gpus(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     seen, kept, devices = set(), [], 0
     for gpu in items:
-        identity = json.dumps({k: sorted(v) if k == "features" else v for k, v in gpu.items() if k != "count"},
-                              sort_keys=True)
+        identity = json.dumps(
+            {k: sorted(v) if k == "features" else v for k, v in gpu.items() if k != "count"}, sort_keys=True
+        )
         if identity in seen or devices + gpu.get("count", 1) > caps.MAX_GPUS:
             continue
         seen.add(identity)
@@ -62,10 +66,14 @@ def snapshot_docs(draw) -> dict[str, Any]:
     return {
         "arch": draw(st.sampled_from(sorted(caps.ARCH_ALIASES))),
         "os": draw(st.sampled_from(sorted(caps.OS_ALIASES))),
-        "executors": draw(st.lists(st.sampled_from(["shell", "python", "node", "docker"]), unique=True, min_size=1)),
+        "executors": draw(
+            st.lists(st.sampled_from(["shell", "python", "node", "docker"]), unique=True, min_size=1)
+        ),
         "runtimes": [
             {"name": name, "version": draw(versions())}
-            for name in draw(st.lists(st.sampled_from(["python", "node", "bash", "go"]), unique=True, max_size=4))
+            for name in draw(
+                st.lists(st.sampled_from(["python", "node", "bash", "go"]), unique=True, max_size=4)
+            )
         ],
         "labels": draw(st.dictionaries(LABEL_KEYS, LABEL_VALUES, max_size=6)),
         "memoryMiB": draw(st.integers(0, caps.MAX_MEMORY_MIB)),
@@ -94,7 +102,11 @@ def respelled_aliases(draw, doc: dict[str, Any]) -> dict[str, Any]:
     same_os = sorted(alias for alias, canonical in caps.OS_ALIASES.items() if canonical == os_name)
     upper = draw(st.booleans())
     pick_arch, pick_os = draw(st.sampled_from(same_arch)), draw(st.sampled_from(same_os))
-    return {**doc, "arch": pick_arch.upper() if upper else pick_arch, "os": pick_os.upper() if upper else pick_os}
+    return {
+        **doc,
+        "arch": pick_arch.upper() if upper else pick_arch,
+        "os": pick_os.upper() if upper else pick_os,
+    }
 
 
 def rewhitespaced(draw, doc: Any) -> str:
@@ -111,10 +123,24 @@ def snapshot_of_size(total: int) -> dict[str, Any]:
     one character at a time until the size matches.
     """
     document = {
-        "arch": "x86_64", "os": "linux", "executors": ["shell"], "runtimes": [], "labels": {},
-        "memoryMiB": 256, "diskMiB": 1024, "cpuCount": 1, "features": [],
-        "gpus": [{"vendor": "nvidia", "model": f"M{i:02d}" + "x" * 61, "memoryMiB": 1,
-                  "features": [f"f{j:02d}" + "y" * 28 for j in range(caps.MAX_GPU_FEATURES)]} for i in range(16)],
+        "arch": "x86_64",
+        "os": "linux",
+        "executors": ["shell"],
+        "runtimes": [],
+        "labels": {},
+        "memoryMiB": 256,
+        "diskMiB": 1024,
+        "cpuCount": 1,
+        "features": [],
+        "gpus": [
+            {
+                "vendor": "nvidia",
+                "model": f"M{i:02d}" + "x" * 61,
+                "memoryMiB": 1,
+                "features": [f"f{j:02d}" + "y" * 28 for j in range(caps.MAX_GPU_FEATURES)],
+            }
+            for i in range(16)
+        ],
     }
     excess = len(caps.canonical_bytes(caps.normalise(document))) - total
     if excess < 0:
@@ -156,10 +182,26 @@ def _missing(draw, doc):
 
 
 def _wrong_number(draw, doc):
-    key, low, high = draw(st.sampled_from([("memoryMiB", 0, caps.MAX_MEMORY_MIB), ("diskMiB", 0, caps.MAX_DISK_MIB),
-                                           ("cpuCount", 1, caps.MAX_CPU_COUNT)]))
-    value = draw(st.one_of(st.integers(high + 1, 10**15), st.integers(-(10**15), low - 1), st.just(True),
-                           st.just(1.5), st.just(str(low)), st.just(None), st.just([low])))
+    key, low, high = draw(
+        st.sampled_from(
+            [
+                ("memoryMiB", 0, caps.MAX_MEMORY_MIB),
+                ("diskMiB", 0, caps.MAX_DISK_MIB),
+                ("cpuCount", 1, caps.MAX_CPU_COUNT),
+            ]
+        )
+    )
+    value = draw(
+        st.one_of(
+            st.integers(high + 1, 10**15),
+            st.integers(-(10**15), low - 1),
+            st.just(True),
+            st.just(1.5),
+            st.just(str(low)),
+            st.just(None),
+            st.just([low]),
+        )
+    )
     return {**doc, key: value}, key, "capabilities_invalid"
 
 
@@ -179,37 +221,86 @@ def _duplicate_entry(draw, doc):
         return {**doc, "runtimes": items}, "runtimes[1].name", "capabilities_invalid"
     if target == "gpus":
         gpu = {"vendor": "amd", "model": "RX 7900", "memoryMiB": 24576, "features": ["rocm6"]}
-        return {**doc, "gpus": [gpu, {**gpu, "features": ["rocm6"], "count": 2}]}, "gpus[1]", "capabilities_invalid"
+        return (
+            {**doc, "gpus": [gpu, {**gpu, "features": ["rocm6"], "count": 2}]},
+            "gpus[1]",
+            "capabilities_invalid",
+        )
     return {**doc, target: ["shell", "python", "shell"]}, f"{target}[2]", "capabilities_invalid"
 
 
 def _too_many(draw, doc):
-    target, limit = draw(st.sampled_from([("executors", caps.MAX_EXECUTORS), ("features", caps.MAX_FEATURES),
-                                          ("labels", caps.MAX_LABELS), ("runtimes", caps.MAX_RUNTIMES)]))
+    target, limit = draw(
+        st.sampled_from(
+            [
+                ("executors", caps.MAX_EXECUTORS),
+                ("features", caps.MAX_FEATURES),
+                ("labels", caps.MAX_LABELS),
+                ("runtimes", caps.MAX_RUNTIMES),
+            ]
+        )
+    )
     if target == "labels":
         return {**doc, "labels": {f"k{i}": "v" for i in range(limit + 1)}}, "labels", "capabilities_invalid"
     if target == "runtimes":
-        return ({**doc, "runtimes": [{"name": f"r{i}", "version": "1.0.0"} for i in range(limit + 1)]},
-                "runtimes", "capabilities_invalid")
+        return (
+            {**doc, "runtimes": [{"name": f"r{i}", "version": "1.0.0"} for i in range(limit + 1)]},
+            "runtimes",
+            "capabilities_invalid",
+        )
     return {**doc, target: [f"n{i}" for i in range(limit + 1)]}, target, "capabilities_invalid"
 
 
 def _bad_label(draw, doc):
-    key, value = draw(st.sampled_from([("Zone", "eu"), ("zone", "eu 1"), ("-zone", "eu"), ("zone", ""),
-                                       ("zone", "x" * 64), ("k" * 64, "v"), ("zone", "eu\x00")]))
+    key, value = draw(
+        st.sampled_from(
+            [
+                ("Zone", "eu"),
+                ("zone", "eu 1"),
+                ("-zone", "eu"),
+                ("zone", ""),
+                ("zone", "x" * 64),
+                ("k" * 64, "v"),
+                ("zone", "eu\x00"),
+            ]
+        )
+    )
     return {**doc, "labels": {key: value}}, f"labels.{key.replace(chr(0), '')}", "capabilities_invalid"
 
 
 def _bad_version(draw, doc):
-    version = draw(st.sampled_from(["1.2", "v1.2.3", "01.2.3", "1.2.3\n", "1.2.3-", "latest", "", "1.2.3.4",
-                                    "1" * 20 + ".0.0", "\u0661.2.3"]))
-    return {**doc, "runtimes": [{"name": "python", "version": version}]}, "runtimes[0].version", "capabilities_invalid"
+    version = draw(
+        st.sampled_from(
+            [
+                "1.2",
+                "v1.2.3",
+                "01.2.3",
+                "1.2.3\n",
+                "1.2.3-",
+                "latest",
+                "",
+                "1.2.3.4",
+                "1" * 20 + ".0.0",
+                "\u0661.2.3",
+            ]
+        )
+    )
+    return (
+        {**doc, "runtimes": [{"name": "python", "version": version}]},
+        "runtimes[0].version",
+        "capabilities_invalid",
+    )
 
 
 def _bad_name(draw, doc):
-    arch, os_name = draw(st.sampled_from([("sparc", "linux"), ("x86_64", "plan9"), ("", "linux"), (64, "linux")]))
-    return {**doc, "arch": arch, "os": os_name}, "arch" if arch not in caps.ARCH_ALIASES else "os", \
-        "capabilities_invalid"
+    arch, os_name = draw(
+        st.sampled_from([("sparc", "linux"), ("x86_64", "plan9"), ("", "linux"), (64, "linux")])
+    )
+    return (
+        {**doc, "arch": arch, "os": os_name},
+        "arch" if arch not in caps.ARCH_ALIASES else "os",
+        "capabilities_invalid",
+    )
 
 
 def _too_nested(draw, doc):
@@ -229,8 +320,19 @@ def _wrong_container(draw, doc):
 
 
 MUTATIONS: list[Mutation] = [
-    _unknown_top, _unknown_in_runtime, _unknown_in_gpu, _missing, _wrong_number, _control_character,
-    _duplicate_entry, _too_many, _bad_label, _bad_version, _bad_name, _too_nested, _wrong_container,
+    _unknown_top,
+    _unknown_in_runtime,
+    _unknown_in_gpu,
+    _missing,
+    _wrong_number,
+    _control_character,
+    _duplicate_entry,
+    _too_many,
+    _bad_label,
+    _bad_version,
+    _bad_name,
+    _too_nested,
+    _wrong_container,
 ]
 
 
@@ -245,8 +347,21 @@ def invalid_snapshots(draw) -> tuple[dict[str, Any], str, str]:
 # --- placements ----------------------------------------------------------------------------------
 
 
-RANGES = st.sampled_from([">=3.9", "^3.11", "~1.2.3", "3.x", "*", ">=1.0.0 <2.0.0", "1.2.3 - 2.3.4", "^18 || ^20",
-                          ">=2.2.0-rc.0", "<=0.0.1", ">=10"])
+RANGES = st.sampled_from(
+    [
+        ">=3.9",
+        "^3.11",
+        "~1.2.3",
+        "3.x",
+        "*",
+        ">=1.0.0 <2.0.0",
+        "1.2.3 - 2.3.4",
+        "^18 || ^20",
+        ">=2.2.0-rc.0",
+        "<=0.0.1",
+        ">=10",
+    ]
+)
 
 
 @st.composite
@@ -254,10 +369,17 @@ def placement_docs(draw, *, runtime_names=("python", "node", "bash", "go")) -> d
     """A valid placement document as an operator would send it."""
     required: dict[str, Any] = {}
     if draw(st.booleans()):
-        required["arch"] = draw(st.lists(st.sampled_from(["x86_64", "amd64", "aarch64", "arm64", "armv7l"]),
-                                         max_size=2, unique_by=lambda a: caps.ARCH_ALIASES[a]))
+        required["arch"] = draw(
+            st.lists(
+                st.sampled_from(["x86_64", "amd64", "aarch64", "arm64", "armv7l"]),
+                max_size=2,
+                unique_by=lambda a: caps.ARCH_ALIASES[a],
+            )
+        )
     if draw(st.booleans()):
-        required["os"] = draw(st.lists(st.sampled_from(["linux", "darwin", "windows"]), unique=True, max_size=2))
+        required["os"] = draw(
+            st.lists(st.sampled_from(["linux", "darwin", "windows"]), unique=True, max_size=2)
+        )
     if draw(st.booleans()):
         required["runtimes"] = draw(st.dictionaries(st.sampled_from(runtime_names), RANGES, max_size=2))
     if draw(st.booleans()):
@@ -267,12 +389,18 @@ def placement_docs(draw, *, runtime_names=("python", "node", "bash", "go")) -> d
     if draw(st.booleans()):
         required["minDiskMiB"] = draw(st.integers(0, 1 << 20))
     if draw(st.booleans()):
-        required["gpu"] = {"vendor": draw(st.sampled_from(["nvidia", "amd", None])),
-                           "count": draw(st.integers(1, 4)),
-                           "features": draw(st.lists(st.sampled_from(["cuda12", "fp16"]), unique=True, max_size=2))}
-    preferred = draw(st.lists(st.fixed_dictionaries({"key": LABEL_KEYS, "value": LABEL_VALUES,
-                                                     "weight": st.integers(1, 100)}),
-                              max_size=4, unique_by=lambda e: (e["key"], e["value"])))
+        required["gpu"] = {
+            "vendor": draw(st.sampled_from(["nvidia", "amd", None])),
+            "count": draw(st.integers(1, 4)),
+            "features": draw(st.lists(st.sampled_from(["cuda12", "fp16"]), unique=True, max_size=2)),
+        }
+    preferred = draw(
+        st.lists(
+            st.fixed_dictionaries({"key": LABEL_KEYS, "value": LABEL_VALUES, "weight": st.integers(1, 100)}),
+            max_size=4,
+            unique_by=lambda e: (e["key"], e["value"]),
+        )
+    )
     doc: dict[str, Any] = {}
     if required or draw(st.booleans()):
         doc["required"] = required
@@ -296,8 +424,26 @@ def _p_unknown(draw, doc):
 
 
 def _p_bad_range(draw, doc):
-    text = draw(st.sampled_from([">=banana", "latest", "1.2.3.4", ">>1", "", " ", "||", ">=1 ||", "^1\t", "1.x\n",
-                                 ">=01.2.3", "a" * 129, "≥1.0", ">=1.0.0\x00"]))
+    text = draw(
+        st.sampled_from(
+            [
+                ">=banana",
+                "latest",
+                "1.2.3.4",
+                ">>1",
+                "",
+                " ",
+                "||",
+                ">=1 ||",
+                "^1\t",
+                "1.x\n",
+                ">=01.2.3",
+                "a" * 129,
+                "≥1.0",
+                ">=1.0.0\x00",
+            ]
+        )
+    )
     return {**doc, "required": {"runtimes": {"python": text}}}, "required.runtimes.python"
 
 
@@ -310,7 +456,10 @@ def _p_oversize(draw, doc):
     if target == "runtimes":
         return {**doc, "required": {"runtimes": {f"r{i}": "*" for i in range(17)}}}, "required.runtimes"
     if target == "gpu":
-        return {**doc, "required": {"gpu": {"features": [f"f{i}" for i in range(17)]}}}, "required.gpu.features"
+        return {
+            **doc,
+            "required": {"gpu": {"features": [f"f{i}" for i in range(17)]}},
+        }, "required.gpu.features"
     entries = [{"key": f"k{i}", "value": "v", "weight": 1} for i in range(17)]
     return {**doc, "preferred": {"labels": entries}}, "preferred.labels"
 
@@ -325,8 +474,14 @@ def _p_bad_value(draw, doc):
         ({"required": {"gpu": {"count": 0}}}, "required.gpu.count"),
         ({"required": {"labels": {"Zone": "eu"}}}, "required.labels.Zone"),
         ({"required": {"executor": "node"}}, "required.executor"),
-        ({"preferred": {"labels": [{"key": "zone", "value": "eu", "weight": 101}]}}, "preferred.labels[0].weight"),
-        ({"preferred": {"labels": [{"key": "zone", "value": "eu", "weight": None}]}}, "preferred.labels[0].weight"),
+        (
+            {"preferred": {"labels": [{"key": "zone", "value": "eu", "weight": 101}]}},
+            "preferred.labels[0].weight",
+        ),
+        (
+            {"preferred": {"labels": [{"key": "zone", "value": "eu", "weight": None}]}},
+            "preferred.labels[0].weight",
+        ),
         ({"preferred": {"labels": [{"key": "zone", "value": "eu"}]}}, "preferred.labels[0].weight"),
     ]
     change, field = cases[case]
@@ -337,8 +492,10 @@ def _p_wrong_type(draw, doc):
     target = draw(st.sampled_from(["required", "preferred", "arch", "runtimes", "labels"]))
     if target in ("required", "preferred"):
         return {**doc, target: draw(st.sampled_from([[], "x", 3, True]))}, target
-    return {**doc, "required": {target: draw(st.sampled_from(["x", 3, True] + ([{}] if target == "arch" else [[]])))}}, \
-        f"required.{target}"
+    return {
+        **doc,
+        "required": {target: draw(st.sampled_from(["x", 3, True] + ([{}] if target == "arch" else [[]])))},
+    }, f"required.{target}"
 
 
 PLACEMENT_MUTATIONS = [_p_unknown, _p_bad_range, _p_oversize, _p_bad_value, _p_wrong_type]
@@ -352,10 +509,34 @@ def invalid_placements(draw) -> tuple[dict[str, Any], str]:
 
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=12),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(
-        st.sampled_from(["required", "preferred", "arch", "os", "labels", "runtimes", "gpu", "count", "weight",
-                         "key", "value", "x"]) | st.text(max_size=6), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "required",
+                    "preferred",
+                    "arch",
+                    "os",
+                    "labels",
+                    "runtimes",
+                    "gpu",
+                    "count",
+                    "weight",
+                    "key",
+                    "value",
+                    "x",
+                ]
+            )
+            | st.text(max_size=6),
+            children,
+            max_size=3,
+        )
+    ),
     max_leaves=12,
 )

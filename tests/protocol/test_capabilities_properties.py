@@ -1,4 +1,4 @@
-"""Property-based acceptance tests of the snapshot schema and canonical form (issue 4, hypothesis)."""
+"""Property-based acceptance tests of the snapshot schema and canonical form (hypothesis)."""
 
 from __future__ import annotations
 

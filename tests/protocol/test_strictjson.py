@@ -81,9 +81,14 @@ def test_hostile_keys_are_shown_safely_and_bounded():
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(10**18), 10**18) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**18), 10**18)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(st.characters(exclude_categories=("Cs",)), max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -101,8 +106,13 @@ def test_arbitrary_bytes_are_parsed_or_refused_with_a_protocol_error_never_anyth
     try:
         strictjson.loads(data)
     except ProtocolError as error:
-        assert error.code in {"json_malformed", "json_too_deep", "json_duplicate_key",
-                              "json_number_out_of_range", "json_invalid_string"}
+        assert error.code in {
+            "json_malformed",
+            "json_too_deep",
+            "json_duplicate_key",
+            "json_number_out_of_range",
+            "json_invalid_string",
+        }
         if error.field is not None:
             error.field.encode("utf-8")  # always encodable into the UTF-8 error answer
 

@@ -1,4 +1,4 @@
-"""System checks (ADR-0012 §6, PRODUCT storage profiles): a cluster profile is refused on SQLite or
+"""System checks (ADR-0012 §6, docs/sessions.md, Storage): a cluster profile is refused on SQLite or
 a per-process cache; session timings are refused when a lease would lapse between heartbeats."""
 
 from __future__ import annotations

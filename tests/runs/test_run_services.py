@@ -1,4 +1,4 @@
-"""Run write paths: enqueue, cancel, retry scheduling and requeue (SIBLINGS §1, §2)."""
+"""Run write paths: enqueue, cancel, retry scheduling and requeue (docs/leases.md, States)."""
 
 from __future__ import annotations
 
@@ -164,8 +164,6 @@ def test_backoff_doubles_per_attempt_up_to_its_ceiling():
 
 
 def test_a_run_that_stops_waiting_drops_its_placement_summary():
-    from runs.models import Run
-
     run = enqueue(make_revision(placement={"required": {"arch": ["aarch64"]}}))
     Run.objects.filter(pk=run.pk).update(placement_summary={"arch": 1})
     run_cancel(run_id=run.pk, reason="not needed")

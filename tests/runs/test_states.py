@@ -1,4 +1,4 @@
-"""The run and attempt state machines: the tables match SIBLINGS §1, one service enforces them,
+"""The run and attempt state machines: the tables match docs/leases.md, Statesone service enforces them,
 and the database refuses rows that break them even when a write bypasses the services."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.leases.flows import claim_one, complete, start
 
 pytestmark = pytest.mark.django_db
 
-# SIBLINGS §1 (ADR-0001 table, without waiting_approval which this product has no use for), plus
+# docs/leases.md, States (without waiting_approval which this product has no use for), plus
 # dispatching→timed_out [0013] and lost→retry_wait [0021 §5.5].
 EXPECTED_RUN = {
     "created": {"queued", "cancelled"},

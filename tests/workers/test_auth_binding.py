@@ -1,4 +1,4 @@
-"""Principal binding (ADR-0012 §1, PRODUCT invariant 1): identity comes only from the signature;
+"""Principal binding (ADR-0012 §1, docs/transport.md §3): identity comes only from the signature;
 a body or path worker id or session id of another worker is refused before any repository
 query."""
 
@@ -9,20 +9,27 @@ import uuid
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from rest_framework.parsers import JSONParser
+from rest_framework.request import Request
 from rest_framework.test import APIRequestFactory
 
 from api.base import check_principal_binding
 from core.errors import DomainError
 from protocol import wire
-from tests.helpers import OfferTicket, SignedClient, enrolled_worker, register, repository_queries
+from protocol.ids import uuid7
+from tests.helpers import (
+    OfferTicket,
+    SignedClient,
+    enrolled_worker,
+    heartbeat,
+    register,
+    register_body,
+    repository_queries,
+)
 from workers.models import WorkerSession
 from workers.principals import WorkerPrincipal
 
 pytestmark = pytest.mark.django_db
-
-
-def heartbeat(session, **changes):
-    return {**session.fence(), "expectedVersion": session.version, "availableSlots": 2, **changes}
 
 
 @pytest.fixture
@@ -94,21 +101,11 @@ def test_another_workers_session_is_refused_with_a_cold_cache_too(client):
 
 
 def test_registering_over_http_binds_the_session_to_its_worker_at_once(client):
-    from protocol.ids import uuid7
-    from tests.helpers import BASE_SNAPSHOT
-
     a, b = enrolled_worker(), enrolled_worker()
     session_id = str(uuid7())
     registered = SignedClient(client, b).post(
         wire.SESSION_REGISTER,
-        {
-            "sessionId": session_id,
-            "capabilities": BASE_SNAPSHOT,
-            "maxConcurrentRuns": 1,
-            "availableSlots": 1,
-            "softwareVersion": "test/1",
-            "protocolVersion": 1,
-        },
+        register_body(session_id=session_id, maxConcurrentRuns=1, availableSlots=1),
     )
     assert registered.status_code == 201, registered.json()
     api = SignedClient(client, a)
@@ -145,8 +142,6 @@ def test_path_arguments_are_bound_like_body_fields(two_workers):
     (a, session_a), (b, session_b) = two_workers
     principal = WorkerPrincipal(worker_id=a.worker_id, worker_name=a.name, credential_id=a.credential_id)
     request = APIRequestFactory().post("/", {}, format="json")
-    from rest_framework.parsers import JSONParser
-    from rest_framework.request import Request
 
     request = Request(request, parsers=[JSONParser()])
     check_principal_binding(

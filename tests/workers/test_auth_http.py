@@ -8,7 +8,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from protocol import wire
-from tests.helpers import SignedClient, enrolled_worker, register, repository_queries
+from protocol.ids import uuid7
+from tests.helpers import BASE_SNAPSHOT, SignedClient, enrolled_worker, register, repository_queries
 
 pytestmark = pytest.mark.django_db
 
@@ -70,9 +71,6 @@ def test_unknown_fields_are_refused_with_the_field_named(client):
 
 
 def test_text_is_taken_as_sent_so_a_trailing_newline_is_refused_not_trimmed(client):
-    from protocol.ids import uuid7
-    from tests.helpers import BASE_SNAPSHOT
-
     worker = enrolled_worker()
     body = {
         "sessionId": str(uuid7()),

@@ -11,8 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol import strictjson, wire
-from tests.helpers import SignedClient
-from tests.workers.test_auth_signatures import heartbeat, refused, send, signed_headers, worker_session  # noqa: F401
+from tests.helpers import SignedClient, heartbeat, refused, send, signed_headers
 from workers.models import ReplayNonce
 from workers.nonces import nonce_insert, nonces_held, nonces_prune
 

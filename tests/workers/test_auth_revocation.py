@@ -1,4 +1,4 @@
-"""Revocation (ADR-0012 §1, PRODUCT invariant 11): in one transaction the credentials die, the
+"""Revocation (ADR-0012 §1, docs/transport.md §5): in one transaction the credentials die, the
 session is fenced and the leases follow the lease rules; the next request is refused."""
 
 from __future__ import annotations
@@ -10,54 +10,17 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from actions.leases.activation import lease_running, lease_starting
-from actions.leases.claims import OfferRequest, lease_claim
 from actions.runs import sweep_due_retries
 from actions.workers import worker_revoke
 from audit.models import Event
 from leases.models import RunDispatchLease
 from protocol import wire
 from runs.models import Run, RunAttempt
-from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
+from tests.helpers import SignedClient, enqueue, enrolled_worker, heartbeat, make_revision, register
+from tests.leases.flows import claim, start
 from workers.models import CredentialState, SessionState, Worker, WorkerCredential, WorkerSession, WorkerState
 
 pytestmark = pytest.mark.django_db
-
-
-def heartbeat(session):
-    return {**session.fence(), "expectedVersion": session.version, "availableSlots": 2}
-
-
-def claim(session, count: int):
-    tickets = [OfferTicket() for _ in range(count)]
-    offers = lease_claim(
-        worker_id=session.worker.worker_id,
-        session_id=session.session_id,
-        generation=session.generation,
-        offers=[OfferRequest(t.offer_id, t.token) for t in tickets],
-    )
-    by_offer = {ticket.offer_id: ticket for ticket in tickets}
-    return [(offer.lease, by_offer[offer.lease.offer_id]) for offer in offers]
-
-
-def start(session, lease, ticket) -> None:
-    fence = {
-        "worker_id": session.worker.worker_id,
-        "session_id": session.session_id,
-        "generation": session.generation,
-        "attempt_id": lease.attempt_id,
-        "lease_generation": lease.lease_generation,
-        "lease_token": ticket.token,
-    }
-    lease_starting(**fence, offer_id=ticket.offer_id, lease_version=lease.version)
-    lease_running(
-        **fence,
-        offer_id=ticket.offer_id,
-        lease_version=lease.version,
-        pid=99,
-        pgid=99,
-        executor_handle="pid=99 pgid=99",
-    )
 
 
 @pytest.fixture
@@ -69,8 +32,8 @@ def busy_worker(client):
         make_revision(command="sleep 60", max_attempts=2, lost_retry="idempotent", retry_backoff_seconds=1)
     )
     unstarted_run = enqueue(make_revision(command="true"))
-    leases = {lease.run_id: (lease, ticket) for lease, ticket in claim(session, 2)}
-    start(session, *leases[started_run.pk])
+    held = {offer.run_id: offer for offer in claim(session, 2)}
+    start(held[started_run.pk], pid=99)
     api = SignedClient(client, worker)
     assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200  # warm credential cache
     return worker, session, api, started_run, unstarted_run
@@ -114,11 +77,11 @@ def test_revocation_kills_credentials_fences_the_session_and_settles_leases_in_o
     # … and the work goes elsewhere: the unstarted attempt at once, the lost one when it is due
     other = enrolled_worker()
     other_session = register(other)
-    taken = {lease.run_id: lease for lease, _ in claim(other_session, 2)}
+    taken = {offer.run_id: offer for offer in claim(other_session, 2)}
     assert set(taken) == {unstarted_run.pk}
     Run.objects.filter(pk=started_run.pk).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
     assert sweep_due_retries() == 1
-    retried = {lease.run_id: lease for lease, _ in claim(other_session, 1)}
+    retried = {offer.run_id: offer for offer in claim(other_session, 1)}
     assert set(retried) == {started_run.pk}
     assert RunAttempt.objects.get(pk=retried[started_run.pk].attempt_id).number == 2
 

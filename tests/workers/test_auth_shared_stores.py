@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+import redis
 
 from protocol import strictjson, wire
 from protocol.signing import sign_request
@@ -96,8 +97,6 @@ def test_two_cluster_replicas_see_each_nonce_once_and_share_rate_limits(redis_ur
 @pytest.mark.redis
 @pytest.mark.django_db
 def test_a_replay_is_refused_over_http_with_the_redis_store(client, settings, redis_url):
-    import redis
-
     prefix = f"qltest{secrets.token_hex(4)}"
     settings.CACHES = {
         "default": {

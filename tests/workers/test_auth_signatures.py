@@ -7,11 +7,13 @@ import datetime
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from audit.models import Event
 from protocol import strictjson, wire
 from protocol.signing import sign_request
-from tests.helpers import SignedClient, enrolled_worker, register
+from tests.helpers import SignedClient, enrolled_worker, heartbeat, refused, send, signed_headers
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -19,32 +21,6 @@ pytestmark = pytest.mark.django_db
 
 def rows():
     return list(WorkerSession.objects.order_by("pk").values()), Event.objects.count()
-
-
-@pytest.fixture
-def worker_session():
-    worker = enrolled_worker()
-    return worker, register(worker)
-
-
-def heartbeat(session, **changes):
-    """A heartbeat that changes nothing (the session registered with 2 of 2 slots free)."""
-    return {**session.fence(), "expectedVersion": session.version, "availableSlots": 2, **changes}
-
-
-def send(client, path, raw: bytes, headers: dict[str, str]):
-    return client.generic("POST", path, raw, content_type="application/json", headers=headers)
-
-
-def signed_headers(worker, path, raw, **kwargs):
-    return sign_request(
-        method="POST", path=path, body=raw, key_id=worker.credential_id, private_key=worker.key, **kwargs
-    )
-
-
-def refused(answer, status, code):
-    assert answer.status_code == status, answer.json()
-    assert answer.json()["code"] == code, answer.json()
 
 
 def test_a_replayed_request_is_refused_and_changes_nothing(client, worker_session):
@@ -184,9 +160,6 @@ def test_a_warm_request_authenticates_without_a_query(client, worker_session):
     assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
     # A heartbeat that changes nothing is a pure read of the session: only the service's reads
     # remain once the credential and session owner are cached.
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     with CaptureQueriesContext(connection) as queries:
         assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
     assert not any("worker_credential" in q["sql"] for q in queries), [q["sql"] for q in queries]

@@ -16,11 +16,20 @@ from actions.leases.claims import OfferRequest, lease_claim
 from actions.workers import worker_revoke
 from audit.models import Event
 from core.errors import DomainError
+from leases.models import RunDispatchLease
 from protocol import wire
 from protocol.signing import public_key_text
-from tests.helpers import SignedClient, enrolled_worker, register
+from tests.helpers import (
+    Enrolled,
+    OfferTicket,
+    SignedClient,
+    enqueue,
+    enrolled_worker,
+    make_revision,
+    register,
+)
 from workers.credentials import token_digest
-from workers.models import CredentialState, EnrollmentToken, WorkerCredential
+from workers.models import CredentialState, EnrollmentToken, WorkerCredential, WorkerSession
 
 pytestmark = pytest.mark.django_db
 
@@ -202,10 +211,6 @@ def test_the_admin_action_shows_a_token_once(admin_client):
 
 
 def test_re_enrolling_fences_the_live_session_and_returns_its_unstarted_work(issued):
-    from leases.models import RunDispatchLease
-    from tests.helpers import Enrolled, OfferTicket, enqueue, make_revision, register
-    from workers.models import WorkerSession
-
     worker, token = issued
     key = Ed25519PrivateKey.generate()
     first = worker_enroll(token=token.token, public_key=public_key_text(key.public_key()))

@@ -18,7 +18,7 @@ from audit.models import Event
 from core.errors import DomainError
 from protocol import wire
 from protocol.signing import public_key_text
-from tests.helpers import SignedClient, enrolled_worker, register
+from tests.helpers import SignedClient, enrolled_worker, heartbeat, register
 from workers.models import CredentialState, Worker, WorkerCredential
 from workers.principals import forget_credentials
 
@@ -27,10 +27,6 @@ pytestmark = pytest.mark.django_db
 
 def key_text(key: Ed25519PrivateKey) -> str:
     return public_key_text(key.public_key())
-
-
-def heartbeat(session):
-    return {**session.fence(), "expectedVersion": session.version, "availableSlots": 2}
 
 
 def end_grace(credential_id: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -212,8 +213,6 @@ def test_offline_ends_the_session():
 
 
 def test_session_id_must_be_uuid7():
-    import uuid
-
     worker = enrolled_worker()
     with pytest.raises(DomainError) as refused:
         register(worker, session_id=uuid.uuid4())

@@ -1,4 +1,4 @@
-"""Session audit events (ADR-0012 §2, §5; PRODUCT invariant 10): each session fact writes exactly
+"""Session audit events (ADR-0012 §2, §5; docs/placement.md §6): each session fact writes exactly
 one low-cardinality event row, in the same transaction as the fact itself."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from audit import recorder
 from audit.models import Event
 from core.db import db_now
 from core.errors import DomainError
-from tests.helpers import enrolled_worker, register, snapshot
-from tests.workers.test_sessions_matrix import snapshot_rows
+from tests.helpers import enrolled_worker, register, snapshot, snapshot_rows
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""Drain and offline (ADR-0012 §5, PRODUCT invariant 12): capacity zero with the drain, offline
+"""Drain and offline (ADR-0012 §5, docs/sessions.md, Drain and offline): capacity zero with the drain, offline
 only once the session's run leases ended — unless an operator forces it from the admin or the
 command line, which settles those leases as lost."""
 
@@ -7,8 +7,6 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
-from actions.leases.activation import lease_running, lease_starting
-from actions.leases.claims import OfferRequest, lease_claim
 from actions.leases.completion import Completion, lease_complete
 from actions.runs import sweep_due_retries
 from actions.sessions.heartbeat import session_heartbeat
@@ -18,38 +16,11 @@ from core.errors import DomainError
 from leases.models import RunDispatchLease
 from protocol import wire
 from runs.models import Run, RunAttempt
-from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
-from tests.workers.test_sessions_matrix import snapshot_rows
+from tests.helpers import SignedClient, enqueue, enrolled_worker, make_revision, register, snapshot_rows
+from tests.leases.flows import claim, claim_one, start
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
-
-
-def claim(session, ticket=None):
-    ticket = ticket or OfferTicket()
-    offers = lease_claim(
-        worker_id=session.worker.worker_id,
-        session_id=session.session_id,
-        generation=session.generation,
-        offers=[OfferRequest(ticket.offer_id, ticket.token)],
-    )
-    return offers, ticket
-
-
-def start(session, offer, ticket):
-    fence = {
-        "worker_id": session.worker.worker_id,
-        "session_id": session.session_id,
-        "generation": session.generation,
-        "attempt_id": offer.lease.attempt_id,
-        "lease_generation": offer.lease.lease_generation,
-        "lease_token": ticket.token,
-    }
-    lease_starting(**fence, offer_id=ticket.offer_id, lease_version=0)
-    lease_running(
-        **fence, offer_id=ticket.offer_id, lease_version=0, pid=9, pgid=9, executor_handle="pid=9 pgid=9"
-    )
-    return fence
 
 
 def current(session) -> WorkerSession:
@@ -87,8 +58,7 @@ def test_drain_zeroes_capacity_with_its_event_keeps_heartbeats_and_refuses_claim
 def test_offline_is_refused_while_leases_are_active_and_allowed_once_they_end(client):
     session = register(enrolled_worker())
     enqueue(make_revision())
-    (offer,), ticket = claim(session)
-    fence = start(session, offer, ticket)
+    fence = start(claim_one(session), pid=9).fence()
     session_drain(
         worker_id=session.worker.worker_id, session_id=session.session_id, generation=1, expected_version=0
     )
@@ -139,15 +109,8 @@ def test_forced_offline_settles_started_attempts_as_lost_and_requeues_unstarted_
         )
     )
     waiting_run = enqueue(make_revision(command="echo waiting"))
-    tickets = [OfferTicket(), OfferTicket()]
-    offers = lease_claim(
-        worker_id=worker.worker_id,
-        session_id=session.session_id,
-        generation=1,
-        offers=[OfferRequest(t.offer_id, t.token) for t in tickets],
-    )
-    by_run = {o.lease.run_id: (o, t) for o, t in zip(offers, tickets, strict=True)}
-    fence = start(session, *by_run[started_run.pk])
+    by_run = {held.run_id: held for held in claim(session, 2)}
+    fence = start(by_run[started_run.pk], pid=9).fence()
 
     view = session_operator_offline(worker_id=worker.worker_id, force=True, actor="ops")
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from actions.credentials import credential_force_rotation
@@ -28,9 +28,17 @@ from core.errors import DomainError
 from leases.models import RunDispatchLease
 from placement.selectors import live_workers
 from protocol import wire
+from protocol.ids import uuid7
 from runs.models import RunAttempt
-from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
-from tests.workers.test_sessions_matrix import snapshot_rows
+from tests.helpers import (
+    OfferTicket,
+    SignedClient,
+    enqueue,
+    enrolled_worker,
+    make_revision,
+    register,
+    snapshot_rows,
+)
 from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -157,8 +165,6 @@ def test_sweep_is_bounded_by_its_batch_oldest_first():
 
 
 def test_unknown_session_id_is_not_expired():
-    from protocol.ids import uuid7
-
     assert session_expire(session_id=uuid7()) is False
 
 
@@ -241,7 +247,6 @@ def test_available_slots_never_exceed_the_declared_maximum(client):
         "availableSlots",
     )
     assert snapshot_rows() == before
-    from django.db import IntegrityError, transaction
 
     with pytest.raises(IntegrityError), transaction.atomic():  # and the database agrees
         WorkerSession.objects.filter(pk=session.session_id).update(available_slots=3)

@@ -26,23 +26,24 @@ from actions.leases.claims import OfferRequest, lease_claim
 from actions.sessions.heartbeat import session_heartbeat
 from actions.sessions.shutdown import session_drain, session_offline, session_operator_offline
 from actions.workers import worker_drain, worker_revoke
-from audit.models import Event
 from core.db import db_now
+from core.errors import CATALOGUE, DomainError
 from leases.models import RunDispatchLease
 from protocol import wire
 from protocol.ids import uuid7
-from runs.models import Run, RunAttempt
 from tests.helpers import (
-    BASE_SNAPSHOT,
     OfferTicket,
     SignedClient,
     enqueue,
     enrolled_worker,
     make_revision,
     register,
+    register_body,
     repository_queries,
+    snapshot_rows,
 )
-from workers.models import Worker, WorkerCredential, WorkerSession
+from workers.fence import Purpose, check_session
+from workers.models import SessionState, Worker, WorkerSession, WorkerState
 from workers.principals import principal_for
 
 pytestmark = pytest.mark.django_db
@@ -132,19 +133,6 @@ PATHS = {
 LEASE_CALLS = ("ack", "renew", "complete")
 
 
-def snapshot_rows() -> tuple:
-    """Every row a refused call must leave alone."""
-    return (
-        list(Worker.objects.order_by("pk").values()),
-        list(WorkerSession.objects.order_by("pk").values()),
-        list(WorkerCredential.objects.order_by("pk").values()),
-        list(RunDispatchLease.objects.order_by("pk").values()),
-        list(RunAttempt.objects.order_by("pk").values()),
-        list(Run.objects.order_by("pk").values()),
-        list(Event.objects.order_by("pk").values_list("pk", "kind")),
-    )
-
-
 @dataclass
 class World:
     """A worker, its session as the worker last saw it, and (for lease calls) its lease."""
@@ -202,15 +190,7 @@ def build_world(call: str) -> World:
 
 def body_for(call: str, world: World) -> dict[str, Any]:
     if call == "register":
-        return {
-            "sessionId": str(world.session_id),
-            "capabilities": BASE_SNAPSHOT,
-            "maxConcurrentRuns": 2,
-            "availableSlots": 2,
-            "softwareVersion": "test/1",
-            "protocolVersion": 1,
-            **world.body_changes,
-        }
+        return register_body(session_id=world.session_id, **world.body_changes)
     fence = world.session_fence()
     if call == "heartbeat":
         body = {**fence, "expectedVersion": world.version, "availableSlots": 2}
@@ -340,7 +320,6 @@ def test_fence_refuses_a_revoked_worker_whose_credential_slipped_through():
     world = build_world("heartbeat")
     worker_revoke(worker_id=world.worker.worker_id, actor="ops")
     before = snapshot_rows()
-    from core.errors import DomainError
 
     for call in (
         lambda: session_heartbeat(**world.service_fence(), expected_version=world.version, available_slots=2),
@@ -386,8 +365,6 @@ def test_docs_table_is_the_matrix():
 
 
 def test_every_refusal_code_is_catalogued_with_its_status():
-    from core.errors import CATALOGUE
-
     for row in MATRIX.values():
         for expect in row.values():
             if not expect.allowed:
@@ -416,10 +393,6 @@ STATE_FAULTS = {"superseded", "offline", "draining"}  # each sets the session st
     [(a, b) for i, a in enumerate(ORDER) for b in ORDER[i + 1 :] if not {a, b} <= STATE_FAULTS],
 )
 def test_fence_checks_in_documented_order(first, second):
-    from core.errors import DomainError
-    from workers.fence import Purpose, check_session
-    from workers.models import SessionState, WorkerState
-
     now = db_now()
     worker = Worker(name="order", state=WorkerState.ACTIVE)
     session = WorkerSession(

@@ -1,14 +1,13 @@
-"""Registration semantics (ADR-0012 §2, PRODUCT invariant 2): first, replay, conflict, replacement,
-lapsed predecessors, the takeover-storm limit, drain and revocation across restarts."""
+"""Registration semantics (ADR-0012 §2; docs/sessions.md, fail-closed matrix): first, replay,
+conflict, replacement, lapsed predecessors, the takeover-storm limit, drain and revocation across restarts."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
+from django.utils.dateparse import parse_datetime
 
-from actions.leases.activation import lease_starting
-from actions.leases.claims import OfferRequest, lease_claim
 from actions.sessions.expiry import sweep_expired_sessions
 from actions.sessions.heartbeat import session_heartbeat
 from actions.sessions.shutdown import session_drain, session_offline
@@ -22,15 +21,16 @@ from protocol.ids import uuid7
 from runs.models import Run, RunAttempt
 from tests.helpers import (
     BASE_SNAPSHOT,
-    OfferTicket,
     SignedClient,
     enqueue,
     enrolled_worker,
     make_revision,
     register,
+    register_body,
     snapshot,
+    snapshot_rows,
 )
-from tests.workers.test_sessions_matrix import snapshot_rows
+from tests.leases.flows import claim, starting
 from workers.models import SessionState, WorkerSession
 from workers.sessions import SessionView
 
@@ -38,18 +38,6 @@ pytestmark = pytest.mark.django_db
 
 #: Answer fields that depend on when the answer was made.
 TIMING = {"serverTime", "nextHeartbeatAt"}
-
-
-def register_body(session_id, **changes):
-    return {
-        "sessionId": str(session_id),
-        "capabilities": BASE_SNAPSHOT,
-        "maxConcurrentRuns": 2,
-        "availableSlots": 2,
-        "softwareVersion": "test/1",
-        "protocolVersion": 1,
-        **changes,
-    }
 
 
 def without_timing(answer: dict) -> dict:
@@ -64,7 +52,7 @@ def test_first_registration_over_http_is_generation_1_version_0_with_server_time
     protocol_settings(SESSION_LEASE_SECONDS=40, HEARTBEAT_INTERVAL_SECONDS=12, HEARTBEAT_JITTER_RATIO=0.25)
     worker = enrolled_worker()
     session_id = uuid7()
-    answer = SignedClient(client, worker).post(wire.SESSION_REGISTER, register_body(session_id))
+    answer = SignedClient(client, worker).post(wire.SESSION_REGISTER, register_body(session_id=session_id))
     out = answer.json()
     assert answer.status_code == 201, out
     assert (out["generation"], out["version"], out["state"], out["replacedSession"]) == (
@@ -77,7 +65,6 @@ def test_first_registration_over_http_is_generation_1_version_0_with_server_time
     # the lease is the database clock at registration plus the configured TTL
     assert stored.lease_expires_at - stored.registered_at == timedelta(seconds=40)
     assert out["heartbeatIntervalSeconds"] == 12
-    from django.utils.dateparse import parse_datetime
 
     delay = (parse_datetime(out["nextHeartbeatAt"]) - parse_datetime(out["serverTime"])).total_seconds()
     assert 12 * 0.75 <= delay <= 12 * 1.25
@@ -97,11 +84,11 @@ def test_exact_replay_answers_the_same_and_writes_nothing(client):
     api = SignedClient(client, worker)
     register(worker)
     session_id = uuid7()
-    first = api.post(wire.SESSION_REGISTER, register_body(session_id))
+    first = api.post(wire.SESSION_REGISTER, register_body(session_id=session_id))
     assert first.status_code == 201 and first.json()["replacedSession"] is True
     before = snapshot_rows()
     # available slots are dynamic: they are not part of what a replay must repeat
-    again = api.post(wire.SESSION_REGISTER, register_body(session_id, availableSlots=0))
+    again = api.post(wire.SESSION_REGISTER, register_body(session_id=session_id, availableSlots=0))
     assert again.status_code == 200
     assert without_timing(again.json()) == without_timing(first.json())
     assert snapshot_rows() == before
@@ -120,9 +107,9 @@ def test_same_session_with_other_content_is_a_conflict_audited_once(client, chan
     worker = enrolled_worker()
     api = SignedClient(client, worker)
     session_id = uuid7()
-    assert api.post(wire.SESSION_REGISTER, register_body(session_id)).status_code == 201
+    assert api.post(wire.SESSION_REGISTER, register_body(session_id=session_id)).status_code == 201
     sessions_before = list(WorkerSession.objects.order_by("pk").values())
-    answer = api.post(wire.SESSION_REGISTER, register_body(session_id, **changes))
+    answer = api.post(wire.SESSION_REGISTER, register_body(session_id=session_id, **changes))
     assert answer.status_code == 409
     assert answer.json()["code"] == "session_replay_conflict" and answer.json()["field"] == "sessionId"
     assert list(WorkerSession.objects.order_by("pk").values()) == sessions_before
@@ -188,26 +175,9 @@ def test_replacement_settles_the_old_sessions_leases_started_lost_unstarted_requ
     first = register(worker, max_concurrent=2)
     started_run = enqueue(make_revision(command="echo started"))
     waiting_run = enqueue(make_revision(command="echo waiting"))
-    tickets = [OfferTicket(), OfferTicket()]
-    offers = lease_claim(
-        worker_id=worker.worker_id,
-        session_id=first.session_id,
-        generation=1,
-        offers=[OfferRequest(t.offer_id, t.token) for t in tickets],
-    )
-    assert len(offers) == 2
-    by_run = {o.lease.run_id: (o.lease, t) for o, t in zip(offers, tickets, strict=True)}
-    lease, ticket = by_run[started_run.pk]
-    lease_starting(
-        worker_id=worker.worker_id,
-        session_id=first.session_id,
-        generation=1,
-        attempt_id=lease.attempt_id,
-        lease_generation=lease.lease_generation,
-        lease_token=ticket.token,
-        offer_id=ticket.offer_id,
-        lease_version=0,
-    )
+    held = claim(first, 2)
+    assert len(held) == 2
+    starting({offer.run_id: offer for offer in held}[started_run.pk])
 
     register(worker)
 
@@ -231,7 +201,7 @@ def test_a_lapsed_session_is_expired_by_the_next_registration_not_taken_over(cli
     register(worker)  # one takeover: the limit is reached
     second = live(worker)[0]
     WorkerSession.objects.filter(pk=second.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
-    answer = api.post(wire.SESSION_REGISTER, register_body(uuid7()))
+    answer = api.post(wire.SESSION_REGISTER, register_body())
     assert answer.status_code == 201, answer.json()
     assert answer.json()["replacedSession"] is False and answer.json()["generation"] == 3
     lapsed = WorkerSession.objects.get(pk=second.pk)
@@ -248,11 +218,11 @@ def test_takeover_storm_is_limited_with_429_an_audit_event_and_nothing_else_writ
     api = SignedClient(client, worker)
     register(worker)  # a first registration is not a takeover
     for _ in range(3):
-        assert api.post(wire.SESSION_REGISTER, register_body(uuid7())).status_code == 201
+        assert api.post(wire.SESSION_REGISTER, register_body()).status_code == 201
     current = live(worker)[0]
     sessions_before = list(WorkerSession.objects.order_by("pk").values())
 
-    answer = api.post(wire.SESSION_REGISTER, register_body(uuid7()))
+    answer = api.post(wire.SESSION_REGISTER, register_body())
 
     assert answer.status_code == 429
     assert answer.json()["code"] == "session_takeover_limited"
@@ -265,7 +235,7 @@ def test_takeover_storm_is_limited_with_429_an_audit_event_and_nothing_else_writ
 
     # a minute later (moved by the audit rows' own clock) the worker may take over again
     Event.objects.filter(kind="session.replaced").update(created_at=db_now() - timedelta(seconds=61))
-    again = api.post(wire.SESSION_REGISTER, register_body(uuid7()))
+    again = api.post(wire.SESSION_REGISTER, register_body())
     assert again.status_code == 201 and again.json()["replacedSession"] is True
 
 
@@ -330,7 +300,7 @@ def test_revocation_survives_a_restart(django_capture_on_commit_callbacks, clien
     with pytest.raises(DomainError) as refused:
         register(worker)
     assert (refused.value.code, refused.value.status) == ("worker_revoked", 403)
-    answer = SignedClient(client, worker).post(wire.SESSION_REGISTER, register_body(uuid7()))
+    answer = SignedClient(client, worker).post(wire.SESSION_REGISTER, register_body())
     assert (answer.status_code, answer.json()["code"]) == (401, "credential_revoked")
     assert snapshot_rows() == before
 
@@ -352,7 +322,7 @@ def test_bad_registration_input_is_a_4xx_naming_the_field_and_writes_nothing(
 ):
     worker = enrolled_worker()
     before = snapshot_rows()
-    answer = SignedClient(client, worker).post(wire.SESSION_REGISTER, register_body(uuid7(), **changes))
+    answer = SignedClient(client, worker).post(wire.SESSION_REGISTER, register_body(**changes))
     assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (status, code, field)
     assert snapshot_rows() == before
 

@@ -9,7 +9,13 @@ from protocol.capabilities import snapshot
 def test_identical_gpus_are_one_entry_with_a_count_and_validate():
     gpus = parse_nvidia_smi("NVIDIA A100-SXM4-40GB, 40960\nNVIDIA A100-SXM4-40GB, 40960\nTesla T4, 15360\n")
     assert gpus == [
-        {"vendor": "nvidia", "model": "NVIDIA A100-SXM4-40GB", "memoryMiB": 40960, "features": ["cuda"], "count": 2},
+        {
+            "vendor": "nvidia",
+            "model": "NVIDIA A100-SXM4-40GB",
+            "memoryMiB": 40960,
+            "features": ["cuda"],
+            "count": 2,
+        },
         {"vendor": "nvidia", "model": "Tesla T4", "memoryMiB": 15360, "features": ["cuda"], "count": 1},
     ]
     document = detect(work_dir=Path("/tmp"), labels={"zone": "eu-1"})

@@ -11,23 +11,26 @@ import pytest
 from agent.client import Client, TransportError
 
 
-def read_request(conn: socket.socket) -> bytes:
-    """Read one HTTP request whole: its headers, then ``Content-Length`` bytes of body."""
+def read_request(conn: socket.socket) -> None:
+    """Read one whole request (headers, then Content-Length bytes of body): closing a socket with
+    unread bytes sends a reset, which the client would see instead of the answer."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)
         if not chunk:
-            return data
+            return
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
+    while len(body) < length and (chunk := conn.recv(65536)):
         body += chunk
-    return head + b"\r\n\r\n" + body
 
 
 def serve_once(answer: bytes) -> tuple[str, threading.Thread]:
@@ -39,7 +42,7 @@ def serve_once(answer: bytes) -> tuple[str, threading.Thread]:
     def run() -> None:
         conn, _ = listener.accept()
         with conn, listener:
-            read_request(conn)  # all of it: closing with unread bytes would reset the connection
+            read_request(conn)
             conn.sendall(answer)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -65,7 +68,13 @@ def test_a_cut_short_answer_is_a_transport_error_not_an_answer(answer):
 
 def test_a_whole_answer_is_decoded():
     body = b'{"offers": []}'
-    url, thread = serve_once(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\n\r\n" + body)
-    assert Client(url, timeout=5).post("/api/v1/worker/enroll", {"token": "x"}, signed=False) == {"offers": []}
+    url, thread = serve_once(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+    assert Client(url, timeout=5).post("/api/v1/worker/enroll", {"token": "x"}, signed=False) == {
+        "offers": []
+    }
     thread.join(5)

@@ -6,6 +6,7 @@ Real processes, no mocks."""
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -37,10 +38,20 @@ def alive(pid: int) -> bool:
 
 def start(tmp_path: Path, then: str, **kwargs) -> tuple[Execution, int]:
     pidfile = tmp_path / "escaped.pid"
-    execution = Execution(executor="shell", command=ESCAPE.format(pidfile=pidfile, then=then), env={},
-                          timeout_seconds=600, work_dir=tmp_path / "work", **kwargs)
-    escaped = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10,
-                       what="the escapee's pid", step=0.02)
+    execution = Execution(
+        executor="shell",
+        command=ESCAPE.format(pidfile=pidfile, then=then),
+        env={},
+        timeout_seconds=600,
+        work_dir=tmp_path / "work",
+        **kwargs,
+    )
+    escaped = wait_for(
+        lambda: pidfile.exists() and pidfile.read_text().strip(),
+        timeout=10,
+        what="the escapee's pid",
+        step=0.02,
+    )
     pid = int(escaped)
     assert os.getpgid(pid) != execution.pid and os.getsid(pid) != os.getsid(execution.pid)  # it left
     return execution, pid
@@ -104,8 +115,13 @@ while time.monotonic() < deadline:
 
 def test_a_process_that_keeps_changing_its_pid_is_caught(tmp_path):
     beat = tmp_path / "beat"
-    execution = Execution(executor="python", command=HOPPER.replace("sys.argv[1]", repr(str(beat))), env={},
-                          timeout_seconds=600, work_dir=tmp_path / "work")
+    execution = Execution(
+        executor="python",
+        command=HOPPER.replace("sys.argv[1]", repr(str(beat))),
+        env={},
+        timeout_seconds=600,
+        work_dir=tmp_path / "work",
+    )
     wait_for(beat.exists, timeout=10, what="the hopper to run")
     time.sleep(0.5)
     execution.stop("cancelled", grace=0.2)
@@ -121,7 +137,8 @@ import sys, time
 from pathlib import Path
 from agent.executor import Execution
 from agent.guard import job_processes
-execution = Execution(executor="shell", command=sys.argv[1], env={}, timeout_seconds=600, work_dir=Path(sys.argv[2]))
+execution = Execution(executor="shell", command=sys.argv[1], env={}, timeout_seconds=600,
+                      work_dir=Path(sys.argv[2]))
 print(execution.pid, execution.cookie, flush=True)
 time.sleep(600)
 """
@@ -131,24 +148,30 @@ def test_the_agents_death_is_seen_even_when_the_job_holds_the_guards_pipe(tmp_pa
     """The job opens the guard's watchdog pipe for writing (through /proc, as root can) and keeps
     pushing the watchdog out: the guard still sees the agent die (it is re-parented)."""
     job = "exec 3>/proc/$PPID/fd/0; while true; do echo 100000 >&3; sleep 0.2; done"
-    agent = subprocess.Popen([sys.executable, "-c", AGENT, job, str(tmp_path / "work")], cwd=ROOT,
-                             stdout=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, job, str(tmp_path / "work")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         guard, cookie = agent.stdout.readline().split()
         wait_for(lambda: len(job_processes(int(guard), cookie) or []) >= 2, timeout=10, what="the job to run")
         time.sleep(0.5)
         agent.kill()
         agent.wait(5)
-        wait_for(lambda: not alive(int(guard)) and not job_processes(None, cookie), timeout=5, step=0.05,
-                 what="the guard and the job to end")
+        wait_for(
+            lambda: not alive(int(guard)) and not job_processes(None, cookie),
+            timeout=5,
+            step=0.05,
+            what="the guard and the job to end",
+        )
     finally:
         agent.kill()
         agent.wait(5)
 
 
 def _job_user() -> str | None:
-    import pwd
-
     try:
         pwd.getpwnam("nobody")
     except KeyError:
@@ -160,20 +183,26 @@ def _job_user() -> str | None:
 def test_a_job_run_as_another_user_cannot_stop_or_kill_its_guard(request):
     """With ``--job-user`` the job runs as another user: its attempts to stop and to kill its
     guard fail (EPERM), and the guard still ends it and its escapee when told to."""
-    import pwd
-
     work = Path(tempfile.mkdtemp(prefix="qinglong-job-user-"))  # pytest's tmp_path is private to root
     request.addfinalizer(lambda: shutil.rmtree(work, ignore_errors=True))
     nobody = pwd.getpwnam("nobody")
     os.chown(work, nobody.pw_uid, nobody.pw_gid)
     pidfile = work / "escaped.pid"
     report = work / "report"
-    command = (f"id -u > {report}; kill -STOP $PPID 2>>{report}; kill -9 $PPID 2>>{report}; "
-               + ESCAPE.format(pidfile=pidfile, then="sleep 300"))
-    execution = Execution(executor="shell", command=command, env={}, timeout_seconds=600, work_dir=work,
-                          user="nobody")
-    escaped = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10,
-                           what="the escapee's pid", step=0.02))
+    command = f"id -u > {report}; kill -STOP $PPID 2>>{report}; kill -9 $PPID 2>>{report}; " + ESCAPE.format(
+        pidfile=pidfile, then="sleep 300"
+    )
+    execution = Execution(
+        executor="shell", command=command, env={}, timeout_seconds=600, work_dir=work, user="nobody"
+    )
+    escaped = int(
+        wait_for(
+            lambda: pidfile.exists() and pidfile.read_text().strip(),
+            timeout=10,
+            what="the escapee's pid",
+            step=0.02,
+        )
+    )
     assert report.read_text().splitlines()[0] == str(nobody.pw_uid)
     assert alive(execution.pid)  # the guard survived both signals
     execution.stop("cancelled", grace=0.5)

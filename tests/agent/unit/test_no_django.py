@@ -6,9 +6,12 @@ import sys
 
 def test_agent_imports_no_django():
     code = (
-        "import sys, agent.cli, agent.runtime, agent.client, agent.executor, agent.capabilities, agent.state, "
-        "protocol.capabilities, protocol.signing, protocol.strictjson, protocol.wire\n"
-        "leaked = sorted(m for m in sys.modules if m == 'django' or m.startswith(('django.', 'rest_framework')))\n"
+        "import sys, agent.cli, agent.runtime, agent.attempts, agent.calls, agent.claims, agent.heartbeat, "
+        "agent.rotation, agent.session, agent.client, agent.executor, agent.capabilities, agent.state, "
+        "protocol.capabilities, protocol.errors, protocol.messages, protocol.signing, protocol.strictjson, "
+        "protocol.wire\n"
+        "leaked = sorted(m for m in sys.modules\n"
+        "                if m == 'django' or m.startswith(('django.', 'rest_framework')))\n"
         "assert not leaked, leaked\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -2,8 +2,8 @@
 
 import pytest
 
+from agent.attempts import AttemptRunner
 from agent.client import ApiError
-from agent.runtime import AttemptRunner
 
 
 class StubAgent:
@@ -17,8 +17,13 @@ class StubAgent:
     def call(self, path, body, **kwargs):
         self.sent.append(body["leaseVersion"])
         if body["leaseVersion"] != self.server_version:
-            raise ApiError(409, "lease_version_conflict", "stale", "leaseVersion",
-                           {"currentVersion": self.server_version})
+            raise ApiError(
+                409,
+                "lease_version_conflict",
+                "stale",
+                "leaseVersion",
+                {"currentVersion": self.server_version},
+            )
         if self.move:
             self.server_version += 1
         return {"lease": {"leaseVersion": self.server_version}, "cancelRequested": False}
@@ -27,8 +32,16 @@ class StubAgent:
 
 
 def runner(agent, version: int) -> AttemptRunner:
-    offer = {"execution": {}, "lease": {"attemptId": "a" * 8, "leaseGeneration": 1, "leaseVersion": version,
-                                        "offerId": "o", "renewIntervalSeconds": 2}}
+    offer = {
+        "execution": {},
+        "lease": {
+            "attemptId": "a" * 8,
+            "leaseGeneration": 1,
+            "leaseVersion": version,
+            "offerId": "o",
+            "renewIntervalSeconds": 2,
+        },
+    }
     return AttemptRunner(agent, offer, "t" * 43)
 
 

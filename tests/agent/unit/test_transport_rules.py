@@ -11,10 +11,14 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from tenacity import RetryCallState, Retrying
 
+from agent.calls import FENCED_CODES, MAX_RETRY_AFTER, REFUSED_CODES, Stop, backoff, classify
 from agent.client import ApiError, TransportError
-from agent.runtime import FENCED, MAX_RETRY_AFTER, REFUSED, Agent, Settings, Stop, backoff, classify
+from agent.rotation import rotate_key
+from agent.runtime import Agent, Settings
+from agent.session import Session
 from agent.state import Credential, StateDir
 from protocol import wire
+from protocol.signing import public_key_text
 
 
 class FakeClient:
@@ -45,14 +49,14 @@ def make_agent(tmp_path: Path, script, **settings) -> Agent:
     return Agent(FakeClient(script), credential, state, Settings(backoff_max=0.01, **settings))
 
 
-@pytest.mark.parametrize("code", sorted(FENCED))
+@pytest.mark.parametrize("code", sorted(FENCED_CODES))
 def test_a_fenced_session_stops_the_agent_with_status_3(code):
     stop = classify(ApiError(409, code, "fenced"))
     assert stop.exit_code == wire.EXIT_FENCED == 3
     assert "supervisor starts a fresh process" in stop.reason and code in stop.reason
 
 
-@pytest.mark.parametrize("code", sorted(REFUSED))
+@pytest.mark.parametrize("code", sorted(REFUSED_CODES))
 def test_a_refused_credential_stops_the_agent_with_status_4_and_says_what_to_do(code):
     stop = classify(ApiError(401, code, "refused"))
     assert stop.exit_code == wire.EXIT_CREDENTIAL_REFUSED == 4
@@ -115,7 +119,7 @@ def test_rotation_saves_the_new_key_before_switching_to_it(tmp_path):
     agent = make_agent(
         tmp_path, [{"credentialId": "wkc_new", "previousCredentialValidUntil": "2030-01-01T00:00Z"}]
     )
-    assert agent.rotate_key() == "wkc_new"
+    assert rotate_key(agent) == "wkc_new"
     path, body = agent.client.calls[0]
     assert path == wire.ROTATE_KEY and len(body["publicKey"]) == 43
     stored = json.loads((tmp_path / "state" / "credential.json").read_text())
@@ -123,8 +127,6 @@ def test_rotation_saves_the_new_key_before_switching_to_it(tmp_path):
     assert [p.name for p in (tmp_path / "state").glob("key-*.pem")] == ["key-wkc_new.pem"]
     assert agent.client.key_id == "wkc_new"
     credential, key = agent.state.load()
-    from protocol.signing import public_key_text
-
     assert public_key_text(key.public_key()) == body["publicKey"]
 
 
@@ -140,10 +142,8 @@ def test_a_failed_rotation_keeps_the_old_key_and_the_agent_running(tmp_path):
     agent = make_agent(
         tmp_path, [heartbeat, ApiError(409, "credential_superseded", "a newer credential exists")]
     )
-    from agent.runtime import Session
-
     agent.session = Session("s", 1, 0, "online", 10.0, 30.0)
-    assert agent._heartbeat_step() == 10.0
+    assert agent.heartbeat.step() == 10.0
     assert agent.credential.credentialId == "wkc_old"
     assert agent.state.load()[0].credentialId == "wkc_old"
 
@@ -158,9 +158,7 @@ def test_a_rotation_refused_for_the_credential_stops_the_agent(tmp_path):
         "serverTime": "2030-01-01T00:00:00Z",
     }
     agent = make_agent(tmp_path, [heartbeat, ApiError(401, "credential_expired", "grace over")])
-    from agent.runtime import Session
-
     agent.session = Session("s", 1, 0, "online", 10.0, 30.0)
-    with pytest.raises(Stop) as stopped:  # _heartbeat_loop turns this into agent.fail(stop)
-        agent._heartbeat_step()
+    with pytest.raises(Stop) as stopped:  # Heartbeat._loop turns this into agent.fail(stop)
+        agent.heartbeat.step()
     assert stopped.value.exit_code == 4

@@ -16,7 +16,7 @@ from datetime import UTC, timedelta
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import core.db
@@ -28,8 +28,7 @@ from core.db import UniqueRace, db_now, write_path
 from core.errors import DomainError
 from protocol import wire
 from protocol.ids import uuid7
-from tests.helpers import SignedClient, enrolled_worker, register, snapshot
-from tests.workers.test_sessions_matrix import snapshot_rows
+from tests.helpers import SignedClient, enrolled_worker, register, snapshot, snapshot_rows
 from workers.models import Worker, WorkerSession
 
 pytestmark = pytest.mark.django_db
@@ -201,8 +200,6 @@ def test_a_unique_race_reruns_the_transaction_and_is_bounded(retries, protocol_s
 def test_db_now_is_the_database_clock_in_utc_read_when_called():
     """Aware UTC; on PostgreSQL the statement's time, not the transaction's start (which a lock
     wait would make stale)."""
-    from django.db import transaction
-
     with transaction.atomic():
         first = db_now()
         with connection.cursor() as cursor:
@@ -337,7 +334,8 @@ def test_pg_lease_time_is_read_after_the_worker_lock(worker_row_locked_elsewhere
     with psycopg.connect(**pg_conninfo(), autocommit=True) as observer:
         for _ in range(500):
             waiting = observer.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
             ).fetchone()[0]
             if waiting:
                 break

@@ -1,0 +1,251 @@
+"""Running one attempt: one thread per attempt, owning that attempt's run lease.
+
+The runner sends the starting ACK, starts the process (``agent.executor``, under its guard),
+sends the running ACK, renews the lease just before its midpoint, and reports the completion.
+Timing rules (docs/leases.md):
+
+* the lease's expiry is estimated from when each ACK or renewal was *sent* (the server sets it
+  one TTL after it handles the call, which is later), so the estimate errs early;
+* after every renewal the guard's watchdog is moved to ``GUARD_MARGIN_SECONDS`` before that
+  estimate: an agent that cannot renew (paused, hung, cut off) has its job ended before the
+  control plane can consider the attempt lost and dispatch it again;
+* a renewal stops retrying before the lease would have lapsed; the runner then kills its
+  process and abandons the attempt — a process whose lease lapsed must not report;
+* a cancellation is learned from an ACK, renewal or heartbeat answer, and the job is ended
+  (SIGTERM, ``cancel_grace``, SIGKILL) within one renew interval of the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, cast
+
+from protocol import messages as m
+from protocol import wire
+
+from .calls import Stop
+from .client import ApiError, TransportError
+from .executor import Execution, StartFailed
+
+if TYPE_CHECKING:
+    from .runtime import Agent
+
+log = logging.getLogger("qinglong.agent")
+
+#: Seconds before the lease's estimated expiry at which a job whose lease was not renewed is
+#: ended: its guard sends SIGTERM then, and SIGKILL 2 s later, so the job is gone before the
+#: control plane can consider the attempt lost and dispatch it again. (At most a quarter of the
+#: lease, so that the watchdog never fires between two on-time renewals at the lease midpoint.)
+GUARD_MARGIN_SECONDS = 3.0
+
+#: How long a cancelled job gets between SIGTERM and SIGKILL (at most an eighth of the renew
+#: interval). A cancellation must end the job within one renew interval of the request, and the
+#: worker learns of it only from a renew answer; so the agent renews early by twice this grace
+#: (see :func:`renew_period`), leaving room for the grace and for the renewal's round trip.
+CANCEL_GRACE_SECONDS = 2.0
+
+
+def guard_margin(lease_window: float) -> float:
+    """Seconds before the estimated lease expiry at which the guard ends an unrenewed job."""
+    return min(GUARD_MARGIN_SECONDS, lease_window / 4)
+
+
+def cancel_grace(renew_interval: float) -> float:
+    """Seconds between SIGTERM and SIGKILL when the job is cancelled (``renew_interval`` in s)."""
+    return min(CANCEL_GRACE_SECONDS, renew_interval / 8)
+
+
+def renew_period(renew_interval: float) -> float:
+    """Seconds from one renewal's send to the next: the server's ``renewIntervalSeconds`` less
+    twice the cancel grace, so that a cancellation requested just after a renewal is seen, and
+    its job killed (SIGTERM, grace, SIGKILL), within one renew interval of the request."""
+    return renew_interval - 2 * cancel_grace(renew_interval)
+
+
+class AttemptRunner(threading.Thread):
+    """Owns one attempt: ACKs, the process, renewals (just before the lease midpoint), completion."""
+
+    def __init__(self, agent: Agent, offer: m.Offer, lease_token: str) -> None:
+        super().__init__(name=f"attempt-{offer['lease']['attemptId'][:8]}", daemon=True)
+        self.agent = agent
+        self._token = lease_token
+        self.spec = offer["execution"]
+        self.lease = offer["lease"]
+        self._cancel = threading.Event()
+        self._abandon = threading.Event()
+        self.execution: Execution | None = None
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def abandon(self) -> None:
+        """Kill the process without reporting (the agent is fenced or its credential refused)."""
+        self._abandon.set()
+        self._cancel.set()
+        if self.execution is not None:
+            self.execution.stop("cancelled")
+
+    def _fence(self) -> m.LeaseFence:
+        return {
+            **self.agent.session.fence(),
+            "attemptId": self.lease["attemptId"],
+            "leaseGeneration": self.lease["leaseGeneration"],
+            "leaseToken": self._token,
+        }
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Stop as stop:
+            self.agent.fail(stop)
+            if self.execution is not None:
+                self.execution.stop("cancelled")
+        except Exception:  # one attempt's bug must not take the agent down
+            log.exception("attempt %s failed in the agent", self.lease["attemptId"])
+            if self.execution is not None:
+                self.execution.stop("cancelled")
+        finally:
+            self.agent.runner_done(self.lease["attemptId"])
+
+    def _renew(self, *, patience: float) -> m.AckAnswer:
+        """Renew the lease. If an earlier try's answer was lost after the server committed it,
+        the retry is refused with the version that renewal produced: adopt it and renew again.
+        Raises ApiError/TransportError/Stop like ``Agent.call``."""
+        for attempt in range(2):
+            body: m.VersionedLease = {**self._fence(), "leaseVersion": self.lease["leaseVersion"]}
+            try:
+                return cast(m.AckAnswer, self.agent.call(wire.LEASE_RENEW, body, patience=patience))
+            except ApiError as exc:
+                current = exc.details.get("currentVersion")
+                if (
+                    attempt
+                    or exc.code != "lease_version_conflict"
+                    or not isinstance(current, int)
+                    or current <= self.lease["leaseVersion"]
+                ):
+                    raise
+                self.lease = {**self.lease, "leaseVersion": current}
+        raise AssertionError("unreachable")
+
+    def _ack(self) -> m.Ack:
+        return {**self._fence(), "offerId": self.lease["offerId"], "leaseVersion": self.lease["leaseVersion"]}
+
+    def _send(self, path: str, body: m.Ack, patience: float) -> m.AckAnswer:
+        return cast(m.AckAnswer, self.agent.call(path, body, patience=patience))
+
+    def _start_failed(self, reason: str, patience: float) -> None:
+        body: m.StartFailed = {**self._ack(), "reason": reason}
+        self._send(wire.LEASE_START_FAILED, body, patience)
+
+    def _run(self) -> None:
+        spec, attempt_id = self.spec, self.lease["attemptId"]
+        log.info(
+            "attempt %s: run %s #%s (%s, timeout %ss)",
+            attempt_id,
+            spec["runId"],
+            spec["attemptNumber"],
+            spec["executor"],
+            spec["timeoutSeconds"],
+        )
+        lease_window = 2 * self.lease["renewIntervalSeconds"]
+        # The starting ACK sets the lease to expire one TTL after the server handles it, which is
+        # after we send it: measuring from the send keeps our estimate on the early side.
+        sent = time.monotonic()
+        try:
+            started = self._send(wire.LEASE_STARTING, self._ack(), patience=lease_window / 2)
+        except (ApiError, TransportError) as exc:
+            log.error("attempt %s: starting ACK refused, not starting: %s", attempt_id, exc)
+            return
+        if started["cancelRequested"]:
+            self._start_failed("cancelled", patience=lease_window / 2)
+            log.info("attempt %s: cancelled before it started", attempt_id)
+            return
+        lease_deadline = sent + lease_window
+        try:
+            self.execution = Execution(
+                executor=spec["executor"],
+                command=spec["command"],
+                env=spec["env"],
+                timeout_seconds=spec["timeoutSeconds"],
+                work_dir=self.agent.settings.work_dir,
+                kill_in=lease_deadline - guard_margin(lease_window) - time.monotonic(),
+                user=self.agent.settings.job_user,
+            )
+        except StartFailed as exc:
+            log.error("attempt %s: could not start: %s", attempt_id, exc)
+            self._start_failed("executor_start_failed", patience=lease_window / 2)
+            return
+        execution = self.execution
+        running_ack: m.RunningAck = {
+            **self._ack(),
+            "pid": execution.pid,
+            "pgid": execution.pid,
+            "executorHandle": execution.handle,
+        }
+        try:
+            running = self._send(wire.LEASE_RUNNING, running_ack, patience=lease_window / 2)
+        except (ApiError, TransportError) as exc:
+            log.error("attempt %s: running ACK refused; stopping the process: %s", attempt_id, exc)
+            execution.stop("cancelled")
+            return
+        self.lease = running["lease"]
+        next_renew = sent + renew_period(self.lease["renewIntervalSeconds"])
+        if running["cancelRequested"]:
+            self._cancel.set()
+        while True:
+            step = min(1.0, next_renew - time.monotonic(), execution.deadline - time.monotonic())
+            if execution.wait(step):
+                break
+            now = time.monotonic()
+            if self._cancel.is_set():
+                execution.stop("cancelled", cancel_grace(self.lease["renewIntervalSeconds"]))
+                break
+            if now >= execution.deadline:
+                execution.stop("timed_out")
+                break
+            if now >= next_renew:
+                sent = time.monotonic()
+                try:
+                    renewed = self._renew(
+                        patience=max(0.0, lease_deadline - sent - guard_margin(lease_window))
+                    )
+                except (ApiError, TransportError) as exc:
+                    log.error(
+                        "attempt %s: lease lost (%s); killing the process, not reporting", attempt_id, exc
+                    )
+                    execution.stop("cancelled")
+                    return
+                self.lease = renewed["lease"]
+                lease_deadline = sent + lease_window
+                execution.kill_in(lease_deadline - guard_margin(lease_window) - time.monotonic())
+                next_renew = sent + renew_period(self.lease["renewIntervalSeconds"])
+                if renewed["cancelRequested"]:
+                    # Kill now, not after the next wait step: the kill must land within one
+                    # renew interval of the cancellation.
+                    self._cancel.set()
+                    execution.stop("cancelled", cancel_grace(self.lease["renewIntervalSeconds"]))
+                    break
+        result = execution.result()
+        if self._abandon.is_set():
+            return
+        completion: m.Complete = {
+            **self._fence(),
+            "sequence": 1,
+            "outcome": result.outcome,
+            "exitCode": result.exit_code,
+            "stdoutTail": result.stdout_tail,
+            "stderrTail": result.stderr_tail,
+        }
+        try:
+            answer = cast(
+                m.CompleteAnswer,
+                self.agent.call(
+                    wire.LEASE_COMPLETE, completion, patience=max(1.0, lease_deadline - time.monotonic())
+                ),
+            )
+        except (ApiError, TransportError) as exc:
+            log.error("attempt %s: completion not accepted: %s", attempt_id, exc)
+            return
+        log.info("attempt %s: %s (exit %s)", attempt_id, answer["outcome"], result.exit_code)
