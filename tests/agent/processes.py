@@ -88,8 +88,24 @@ class ControlPlane:
         }
         self.process: subprocess.Popen | None = None
         self.starts = 0
+        self.started = False
 
     def start(self) -> None:
+        """Start ``manage.py serve``; before the first successful start, a port another process
+        took since :func:`free_port` picked it (the machine is shared) is swapped for a new one."""
+        for _ in range(3):
+            try:
+                self._start()
+                self.started = True
+                return
+            except AssertionError as exc:
+                if self.started or "cannot listen on" not in str(exc):
+                    raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("no free port for the control plane after 3 tries")
+
+    def _start(self) -> None:
         self.starts += 1
         log = open(self.log_dir / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 - closed with the process
         self.process = subprocess.Popen(
