@@ -107,9 +107,10 @@ def classify(exc: ApiError) -> Stop | None:
     return None
 
 
-#: A call that keeps failing for less than this long — a control-plane restart — logs its retries
-#: at INFO; past it, at WARNING (an outage someone should look at).
-QUIET_RETRY_SECONDS = 15.0
+#: A call that keeps failing for less than this long — a control-plane restart, even a slow one on
+#: a loaded host — logs its retries at INFO; past it, at WARNING (an outage someone should look
+#: at). The standalone session lease (30 s) is as long: a shorter outage keeps the session.
+QUIET_RETRY_SECONDS = 30.0
 
 
 def _log_retry(path: str) -> Callable[[RetryCallState], None]:
