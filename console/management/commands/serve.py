@@ -12,12 +12,15 @@ serve requests. In the cluster-control profile Celery beat runs the cycle; pass 
 run it here as well (cycles are safe to overlap).
 """
 
+import fcntl
 import logging
 import multiprocessing
 import os
 import socket
+import tempfile
 import threading
 from pathlib import Path
+from typing import IO
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -51,17 +54,29 @@ def forget_dead_processes(directory: Path) -> int:
     return removed
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Raise CommandError when ``host:port`` cannot be bound. Granian's server processes bind with
-    ``SO_REUSEPORT``, which would let a second control plane share a port with the first (or fail
-    in a loop); one plain bind first makes a taken port an error at once."""
+def claim_port(host: str, port: int) -> IO[str]:
+    """Make ``host:port`` this server's, or raise CommandError; keep the returned file open.
+
+    Granian's server processes bind with ``SO_REUSEPORT``, which lets two servers of the same
+    user share a port, each answering part of the requests. So a server takes an exclusive lock
+    named after the address (in the system's temporary directory, shared by every checkout on
+    this host) before anything binds, and a plain bind then proves no other program holds it.
+    """
+    lock = open(Path(tempfile.gettempdir()) / f"qinglong-serve-{host}-{port}.lock", "w")  # noqa: SIM115
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise CommandError(f"cannot listen on {host}:{port}: another control plane serves it") from None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is fine
         try:
             probe.bind((host, port))
         except OSError as exc:
+            lock.close()
             raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return lock
 
 
 class Command(BaseCommand):
@@ -88,7 +103,7 @@ class Command(BaseCommand):
             # Read by qinglong.asgi in the server processes (they inherit this environment).
             os.environ["QINGLONG_MAX_ACTIVE_REQUESTS"] = str(options["threads"])
         limits = settings.QINGLONG_SERVER
-        check_port_free(options["host"], options["port"])
+        held = claim_port(options["host"], options["port"])
         forget_dead_processes(settings.PROMETHEUS_MULTIPROC_DIR)
         # Server processes start fresh (spawn), never as a fork of this one: the sweep thread
         # and its database connection must not be copied into them mid-flight.
@@ -135,3 +150,4 @@ class Command(BaseCommand):
             server.serve()
         finally:
             stop.set()
+            held.close()
