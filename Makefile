@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving lint clean
+.PHONY: chromium run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving lint clean
 
 $(VENV)/.base: requirements/base.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,16 +14,21 @@ $(VENV)/.base: requirements/base.txt pyproject.toml
 	$(PIP) install --no-deps -e .
 	touch $@
 
-$(VENV)/.dev: $(VENV)/.base requirements/dev.txt
+$(VENV)/.dev: $(VENV)/.base requirements/dev.txt | chromium
 	$(PIP) install -r requirements/dev.txt
 	touch $@
+
+## chromium: Debian's browser for the browser tests (tests/browser/); Playwright never downloads one
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
 ## run: control plane + a real local worker running four sample jobs (ONCE=1: exit after them)
 run: $(VENV)/.base
 	$(PY) scripts/launch.py
 
 ## test: the whole suite on SQLite, then on PostgreSQL ($(PG_URL))
-test: $(VENV)/.dev
+test: $(VENV)/.dev chromium
 	$(PY) scripts/run_tests.py --pg-url $(PG_URL) $(ARGS)
 
 test-sqlite: $(VENV)/.dev

@@ -9,7 +9,9 @@ only when it changed, so a steady backlog costs reads, not writes. The computati
 any transaction; the writes are one short transaction (:func:`placement_summaries_store`).
 
 A summary is ``None`` when a live worker could take the run now, ``{}`` when no worker is live,
-and otherwise category counts such as ``{"arch": 3, "capacity": 2, "runtime": 1}``. Summaries,
+draining or expired, and otherwise category counts such as ``{"arch": 3, "capacity": 2,
+"draining": 1}`` — every failing category of every live worker, plus the draining and expired
+workers that are no candidates at all. Summaries,
 the ``run.placement_pending`` event and log lines hold category names and counts only — never
 labels, values, runtimes, commands or anything else a worker or an operator wrote.
 """
@@ -28,7 +30,13 @@ from audit.models import ActorType
 from audit.recorder import record
 from core.conf import protocol
 from core.db import db_now, write_path
-from placement.selectors import describe_summary, live_workers, mismatch_summary, parse_placement
+from placement.selectors import (
+    describe_summary,
+    live_workers,
+    mismatch_summary,
+    parse_placement,
+    unavailable_workers,
+)
 from runs.locks import try_lock_run
 from runs.models import Run, RunAttempt
 from runs.selectors import QUEUE_PAGE, dispatch_queue_page
@@ -90,6 +98,7 @@ def refresh_placement_summaries(*, batch: int | None = None) -> int:
     if not waiting:
         return 0
     workers = live_workers(now=now)
+    unavailable = unavailable_workers(now=now)
     by_placement: dict[str, dict[str, int] | None] = {}
     changes = []
     for attempt in waiting:
@@ -97,7 +106,8 @@ def refresh_placement_summaries(*, batch: int | None = None) -> int:
         revision = run.revision
         if revision.placement_sha256 not in by_placement:
             placement = parse_placement(revision.placement_sha256, revision.placement)
-            by_placement[revision.placement_sha256] = mismatch_summary(placement, workers)
+            summary = mismatch_summary(placement, workers)
+            by_placement[revision.placement_sha256] = None if summary is None else {**summary, **unavailable}
         summary = by_placement[revision.placement_sha256]
         if summary != run.placement_summary:
             changes.append(SummaryChange(run.pk, run.placement_summary, run.placement_checked_at, summary))

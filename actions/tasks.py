@@ -88,6 +88,14 @@ def _validate(spec: RevisionSpec) -> placement_spec.PlacementSpec:
         ) from None
 
 
+def revision_check(spec: RevisionSpec) -> None:
+    """Validate ``spec`` exactly as :func:`task_create` and :func:`revision_create` will, without
+    writing (for forms that show every field error before anything is stored). Raises
+    ``validation_failed``/``placement_invalid`` naming the field (``command``, ``env.NAME``,
+    ``retry.maxAttempts``, ``placement.required.arch``…)."""
+    _validate(spec)
+
+
 def _spec_sha256(spec: RevisionSpec, placement: placement_spec.PlacementSpec) -> str:
     content: dict[str, str | int | dict[str, str]] = {
         "executor": spec.executor,

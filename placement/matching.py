@@ -21,8 +21,12 @@ import nodesemver
 CATEGORIES = ("executor", "arch", "os", "runtime", "labels", "memory", "disk", "gpu")
 #: Added by candidate selection for an eligible worker without a free slot.
 CAPACITY = "capacity"
-#: Every category a mismatch summary may hold.
-SUMMARY_CATEGORIES = (*CATEGORIES, CAPACITY)
+#: Added by the summary for workers that are not live candidates at all: a session that is
+#: draining (worker or operator), and one whose lease lapsed (swept or not yet).
+DRAINING = "draining"
+EXPIRED = "expired"
+#: Every category a mismatch summary may hold (a fixed, small set).
+SUMMARY_CATEGORIES = (*CATEGORIES, CAPACITY, DRAINING, EXPIRED)
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,39 @@ def first_mismatch(snapshot: dict[str, Any], required: dict[str, Any]) -> str | 
     if required["gpu"] is not None and not _gpu_fits(snapshot["gpus"], required["gpu"]):
         return "gpu"
     return None
+
+
+def mismatches(snapshot: dict[str, Any], required: dict[str, Any]) -> tuple[str, ...]:
+    """Every category of :data:`CATEGORIES` in which ``snapshot`` fails ``required``, in order.
+
+    The same checks as :func:`first_mismatch`, without stopping at the first: a mismatch summary
+    counts each failing category of each worker (``arch: 3, gpu: 2`` may both count one worker).
+    ADR-0012 §4.
+    """
+    failing = []
+    if required["executor"] not in snapshot["executors"]:
+        failing.append("executor")
+    if required["arch"] and snapshot["arch"] not in required["arch"]:
+        failing.append("arch")
+    if required["os"] and snapshot["os"] not in required["os"]:
+        failing.append("os")
+    if required["runtimes"]:
+        versions = {runtime["name"]: runtime["version"] for runtime in snapshot["runtimes"]}
+        if any(
+            name not in versions or not satisfies(versions[name], version_range)
+            for name, version_range in required["runtimes"].items()
+        ):
+            failing.append("runtime")
+    labels = snapshot["labels"]
+    if any(labels.get(key) != value for key, value in required["labels"].items()):
+        failing.append("labels")
+    if snapshot["memoryMiB"] < required["minMemoryMiB"]:
+        failing.append("memory")
+    if snapshot["diskMiB"] < required["minDiskMiB"]:
+        failing.append("disk")
+    if required["gpu"] is not None and not _gpu_fits(snapshot["gpus"], required["gpu"]):
+        failing.append("gpu")
+    return tuple(failing)
 
 
 def score(snapshot: dict[str, Any], preferred: dict[str, Any]) -> int:

@@ -28,8 +28,9 @@ from core.errors import DomainError
 from leases.models import LeaseState
 from runs.models import Run
 from workers.models import SessionState, WorkerSession, WorkerState
+from workers.selectors import fleet_counts
 
-from .matching import CAPACITY, SUMMARY_CATEGORIES, match
+from .matching import CAPACITY, CATEGORIES, DRAINING, EXPIRED, SUMMARY_CATEGORIES, match, mismatches
 
 #: Most candidates (or preview rows) on one page (ADR-0012 §4, docs/placement.md §5).
 PAGE_SIZE = 64
@@ -207,18 +208,19 @@ def run_candidates(*, run_id: uuid.UUID, now: datetime, after: Rank | None = Non
 def mismatch_summary(placement: dict[str, Any], workers: list[LiveWorker]) -> dict[str, int] | None:
     """Why live workers cannot take a run now: ``{category: number of live workers}``.
 
-    Categories come from :data:`~placement.matching.SUMMARY_CATEGORIES` only (the first failing
-    ``required`` category of each worker; ``capacity`` for an eligible worker with no free
-    slot), so a summary never holds labels, values or anything else a worker reported.
-    Returns None when at least one live worker could take the run now, and ``{}`` when there
-    is no live worker at all. Pure: no database access.
-    ADR-0012 §4.
+    Categories come from :data:`~placement.matching.SUMMARY_CATEGORIES` only: *every* failing
+    ``required`` category of each worker counts (one worker may count under ``arch`` and
+    ``gpu``), and ``capacity`` counts an eligible worker with no free slot; so a summary never
+    holds labels, values or anything else a worker reported. Returns None when at least one
+    live worker could take the run now, and ``{}`` when there is no live worker at all.
+    Pure: no database access. ADR-0012 §4.
     """
     counts: Counter[str] = Counter()
+    required = placement["required"]
     for worker in workers:
         result = match(worker.capabilities, placement)
-        if result.category is not None:  # not eligible: the first failing category
-            counts[result.category] += 1
+        if result.category is not None:  # not eligible: count every failing category
+            counts.update(mismatches(worker.capabilities, required))
         elif worker.free_slots <= 0:
             counts[CAPACITY] += 1
         else:
@@ -226,15 +228,31 @@ def mismatch_summary(placement: dict[str, Any], workers: list[LiveWorker]) -> di
     return {category: counts[category] for category in SUMMARY_CATEGORIES if counts[category]}
 
 
+def unavailable_workers(*, now: datetime) -> dict[str, int]:
+    """Workers that are no candidates because they are ``draining`` or ``expired``, by category.
+
+    Added to a pending run's summary so that it tells a draining or lapsed fleet from an absent
+    one (``{}``: no worker live, draining or expired). ``now``: the database clock. One
+    aggregate query over the workers (``workers.selectors.fleet_counts``). ADR-0012 §4.
+    """
+    counts = fleet_counts(now=now)
+    return {category: counts[category] for category in (DRAINING, EXPIRED) if counts[category]}
+
+
 def describe_summary(summary: dict[str, int]) -> str:
     """Text of a summary (ADR-0012 §4): ``{"arch": 3, "capacity": 2}`` → ``"arch: 3, capacity: 2"``.
 
     Categories appear in the fixed checking order whatever order the stored JSON came back in
-    (PostgreSQL's jsonb reorders keys; SQLite keeps them). ``{}`` reads ``"no live worker"``.
+    (PostgreSQL's jsonb reorders keys; SQLite keeps them). A summary with no live worker reads
+    ``"no live worker"``, followed by the draining and expired counts when there are any
+    (``"no live worker; draining: 1"``).
     """
     order = {category: index for index, category in enumerate(SUMMARY_CATEGORIES)}
     ordered = sorted(summary.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
-    return ", ".join(f"{category}: {count}" for category, count in ordered) or "no live worker"
+    text = ", ".join(f"{category}: {count}" for category, count in ordered)
+    if not any(category in summary for category in (*CATEGORIES, CAPACITY)):
+        return "no live worker" + (f"; {text}" if text else "")
+    return text
 
 
 @dataclass(frozen=True)
@@ -245,6 +263,8 @@ class PreviewRow:
     eligible: bool
     score: int
     category: str | None
+    #: Every failing category (``category`` is the first of them), or ``("capacity",)``.
+    categories: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -284,14 +304,21 @@ def placement_preview(
     for worker in workers:
         result = match(worker.capabilities, placement)
         category = result.category
+        categories = mismatches(worker.capabilities, placement["required"]) if category else ()
         if result.eligible and worker.free_slots <= 0:
-            category = CAPACITY
+            category, categories = CAPACITY, (CAPACITY,)
         rows.append(
-            PreviewRow(worker=worker, eligible=category is None, score=result.score, category=category)
+            PreviewRow(
+                worker=worker,
+                eligible=category is None,
+                score=result.score,
+                category=category,
+                categories=categories,
+            )
         )
     rows.sort(key=_preview_order)
     limit = max(1, min(limit, PAGE_SIZE))
-    counts = Counter(row.category for row in rows if row.category is not None)
+    counts = Counter(category for row in rows for category in row.categories)
     eligible = sum(1 for row in rows if row.eligible)
     summary = None if eligible else {c: counts[c] for c in SUMMARY_CATEGORIES if counts[c]}
     return Preview(

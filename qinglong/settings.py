@@ -53,7 +53,7 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhos
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "console.apps.ConsoleAdminConfig",  # Django's admin, landing on the fleet dashboard
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -83,6 +83,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "console.middleware.OperatorTimezoneMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -186,6 +187,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# Times to the second in the console (the operator's timezone: console.middleware).
+FORMAT_MODULE_PATH = ["console.formats"]
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"

@@ -12,6 +12,7 @@ from actions.placement import SummaryChange, placement_summaries_store, refresh_
 from actions.runs import run_cancel
 from actions.sessions.heartbeat import session_heartbeat
 from actions.sweeps import run_cycle
+from actions.workers import worker_drain
 from audit.models import Event
 from core.db import db_now
 from placement.matching import SUMMARY_CATEGORIES
@@ -19,6 +20,7 @@ from placement.selectors import describe_summary
 from runs.models import Run
 from tests.helpers import OfferTicket, enqueue, make_revision
 from tests.placement.support import live
+from workers.models import WorkerSession
 
 pytestmark = pytest.mark.django_db
 
@@ -162,5 +164,31 @@ def test_a_stored_summary_reads_in_the_fixed_category_order_on_either_database()
     live("full", runtimes=new_python, slots=0, labels={"rack": "r9"})
     refresh_placement_summaries()
     stored = Run.objects.get(pk=run.pk).placement_summary  # jsonb orders keys by length: labels, runtime, …
-    assert stored == {"runtime": 1, "labels": 1, "capacity": 1}
-    assert describe_summary(stored) == "runtime: 1, labels: 1, capacity: 1"
+    # old-python fails both runtime and labels: every failing category counts, not the first only
+    assert stored == {"runtime": 1, "labels": 2, "capacity": 1}
+    assert describe_summary(stored) == "runtime: 1, labels: 2, capacity: 1"
+
+
+def test_a_draining_worker_and_a_lapsed_one_are_told_apart_from_no_worker_at_all():
+    """Given one live worker of the wrong arch, one drained by an operator and one whose session
+    lease lapsed (not yet swept), the summary names all three, and the text says no live worker
+    could take it rather than "no live worker" alone."""
+    live("wrong-arch", arch="arm64")
+    drained, _ = live("drained")
+    worker_drain(worker_id=drained.worker_id)
+    lapsed, lapsed_session = live("lapsed")
+    WorkerSession.objects.filter(pk=lapsed_session.session_id).update(lease_expires_at=db_now())
+    run = enqueue(make_revision(placement={"required": {"arch": ["x86_64"]}}))
+    refresh_placement_summaries()
+    assert summary_of(run) == {"arch": 1, "draining": 1, "expired": 1}
+    assert describe_summary(summary_of(run)) == "arch: 1, draining: 1, expired: 1"
+    assert describe_summary({"draining": 1}) == "no live worker; draining: 1"
+    assert describe_summary({}) == "no live worker"
+
+
+def test_a_worker_failing_several_categories_counts_under_each():
+    live("arm-small", arch="arm64", memoryMiB=512)
+    live("arm", arch="arm64")
+    run = enqueue(make_revision(placement={"required": {"arch": ["x86_64"], "minMemoryMiB": 1024}}))
+    refresh_placement_summaries()
+    assert summary_of(run) == {"arch": 2, "memory": 1}
