@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: chromium run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent lint clean
+.PHONY: chromium run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving lint clean
 
 $(VENV)/.base: requirements/base.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,3 +61,8 @@ clean:
 ## (migrates the PostgreSQL database at BENCH_PG_URL, the benchmarks' own database)
 bench-heartbeat: $(VENV)/.dev
 	$(PY) bench/heartbeat.py --pg-url $(BENCH_PG_URL) $(ARGS)
+
+## bench-serving: the serving stack measured: signed heartbeats/s and 300 slow clients against waitress,
+## uvicorn, hypercorn and granian (docs/deploy.md); a fresh SQLite database in a temporary directory
+bench-serving: $(VENV)/.dev
+	$(PY) bench/serving.py $(ARGS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -20,7 +21,12 @@ from actions.placement import refresh_placement_summaries
 from actions.runs import sweep_due_retries
 from actions.schedules import sweep_due_schedules
 from actions.sessions.expiry import sweep_expired_sessions
+from audit.marks import sweep_mark_record
+from core.conf import protocol
+from core.db import write_path
 from core.errors import DomainError
+from core.metrics import sweep_observe
+from workers.nonces import nonces_prune
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +38,11 @@ class CycleReport:
     retries_queued: int
     schedule_fires: int
     summaries_changed: int
+    nonces_pruned: int = 0
 
     def any(self) -> bool:
-        return any(asdict(self).values())
+        """Whether the cycle changed anything worth a log line (pruned nonces are routine)."""
+        return any(value for kind, value in asdict(self).items() if kind != "nonces_pruned")
 
 
 def _step(name: str, sweep: Callable[[], int]) -> int:
@@ -48,21 +56,40 @@ def _step(name: str, sweep: Callable[[], int]) -> int:
         return 0
 
 
+@write_path
+def sweep_finish(*, duration_seconds: float) -> int:
+    """Prune up to one batch of expired replay nonces and stamp the cycle's end (``SweepMark``,
+    read by ``/readyz``); one transaction. Returns the nonces pruned."""
+    pruned = nonces_prune(batch=protocol().sweep_batch * 16)
+    sweep_mark_record(duration_seconds=duration_seconds)
+    return pruned
+
+
 def run_cycle() -> CycleReport:
     """Expire lapsed sessions, settle lapsed leases, queue due retries, admit due schedule fires
-    (``docs/schedules.md``), refresh pending summaries.
+    (``docs/schedules.md``), refresh pending summaries, prune expired replay nonces, then record
+    the cycle (``/readyz``, ``/metrics``).
 
     Each step is a bounded batch of single-item transactions (``QINGLONG_SWEEP_BATCH``) whose
     writes re-check their preconditions in their own ``UPDATE … WHERE``; a step that meets a lock
     timeout leaves its work for the next cycle without stopping the other steps. Returns counts.
     """
+    started = time.monotonic()
+    sessions_expired = _step("sessions", sweep_expired_sessions)
+    leases_settled = _step("leases", sweep_expired_leases)
+    retries_queued = _step("retries", sweep_due_retries)
+    schedule_fires = _step("schedules", sweep_due_schedules)
+    summaries_changed = _step("summaries", refresh_placement_summaries)
+    nonces_pruned = _step("nonces", lambda: sweep_finish(duration_seconds=time.monotonic() - started))
     report = CycleReport(
-        sessions_expired=_step("sessions", sweep_expired_sessions),
-        leases_settled=_step("leases", sweep_expired_leases),
-        retries_queued=_step("retries", sweep_due_retries),
-        schedule_fires=_step("schedules", sweep_due_schedules),
-        summaries_changed=_step("summaries", refresh_placement_summaries),
+        sessions_expired=sessions_expired,
+        leases_settled=leases_settled,
+        retries_queued=retries_queued,
+        schedule_fires=schedule_fires,
+        summaries_changed=summaries_changed,
+        nonces_pruned=nonces_pruned,
     )
+    sweep_observe(seconds=time.monotonic() - started, items=asdict(report))
     if report.any():
         log.info("sweep cycle: %s", asdict(report))
     return report

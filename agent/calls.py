@@ -115,10 +115,17 @@ def classify(exc: ApiError) -> Stop | None:
     return None
 
 
+#: A call that keeps failing for less than this long — a control-plane restart, even a slow one on
+#: a loaded host — logs its retries at INFO; past it, at WARNING (an outage someone should look
+#: at). The standalone session lease (30 s) is as long: a shorter outage keeps the session.
+QUIET_RETRY_SECONDS = 30.0
+
+
 def _log_retry(path: str) -> Callable[[RetryCallState], None]:
     def before_sleep(retry_state: RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
-        log.warning("retrying %s: %s", path, exc)
+        quiet = (retry_state.seconds_since_start or 0.0) < QUIET_RETRY_SECONDS
+        log.log(logging.INFO if quiet else logging.WARNING, "retrying %s: %s", path, exc)
 
     return before_sleep
 

@@ -5,12 +5,10 @@ against the signing profile (``protocol.signing``), using the *server's* clock f
 ``created`` window, resolves the ``keyid`` to a credential (``workers.principals``: active, or
 rotated and inside its grace period), and accepts each nonce once (:func:`nonce_accept`).
 
-Nonces live in the Django cache: ``cache.add()`` is atomic, so of two requests carrying one
-nonce exactly one wins. The cluster profile's cache is Redis, shared by every replica; the
-standalone profile's is the memory of its single process. A per-process store forgets
-everything on restart, so in that profile a request signed before this process started is
-refused with ``signature_predates_restart`` (503: the agent signs again) instead of trusting a
-store that never saw its nonce.
+Nonces are accepted once each. The cluster profile keeps them in Redis (``cache.add`` is
+``SET NX``: of two replicas racing with one nonce exactly one wins); the standalone profile keeps
+them in its database (``actions.nonces``: insert-or-fail), so a restart forgets none of them and
+refuses no fresh request.
 """
 
 from __future__ import annotations
@@ -18,62 +16,40 @@ from __future__ import annotations
 import logging
 import time
 
-from django.conf import settings
 from django.core.cache import cache
 from rest_framework.authentication import BaseAuthentication
 
+from actions.nonces import nonce_record
 from api.ratelimit import by_address, client_address, enforce
 from core.conf import protocol
 from core.errors import DomainError
 from protocol.errors import ProtocolError
 from protocol.signing import SignedRequest, verify_request
-from workers.nonces import ProcessNonceStore
 from workers.principals import WorkerPrincipal, cache_is_shared, resolve_credential, trusted_key
 
 log = logging.getLogger("qinglong.auth")
 
 _NONCE_KEY = "worker-nonce:{}:{}"
 
-#: Wall-clock second this process started (read from settings, which load first thing). A
-#: per-process nonce store knows nothing older.
-PROCESS_STARTED = int(getattr(settings, "QINGLONG_PROCESS_STARTED", time.time()))
-#: The standalone profile's replay memory (see workers.nonces); unused with a shared cache.
-PROCESS_NONCES = ProcessNonceStore(capacity=int(settings.QINGLONG.get("NONCE_STORE_CAPACITY", 100_000)))
-
-
 # --- nonces ------------------------------------------------------------------------------------------
 
 
-def nonce_accept(*, key_id: str, nonce: str, created: int, window_seconds: int) -> None:
+def nonce_accept(*, key_id: str, nonce: str, window_seconds: int) -> None:
     """Accept one (keyid, nonce) pair once within the signature window (ADR-0012 §1 replay limits).
 
-    ``created``: the signature's creation time (unix seconds, already checked against the
-    window); ``window_seconds``: ``SIGNATURE_WINDOW_SECONDS``. The nonce is kept for twice the
-    window, longer than any signature carrying it can be fresh. ``cache.add`` is atomic (Redis
-    ``SET NX`` in the cluster profile, a locked dict in the standalone process), so two replicas
-    or threads racing with one nonce see exactly one success.
+    ``window_seconds``: ``SIGNATURE_WINDOW_SECONDS``. The nonce is kept for twice the window,
+    longer than any signature carrying it can be fresh: in Redis (``cache.add``, atomic ``SET
+    NX``) when the cache is shared, else in the database (``actions.nonces.nonce_record``,
+    insert-or-fail), which survives restarts (docs/transport.md "Nonce store").
 
-    The standalone profile keeps nonces in this process (``workers.nonces``, exact until expiry,
-    failing closed when full) and so knows nothing from before it started: a request may have
-    been received earlier only if it was created no later than start + the allowed future skew, and
-    such a request is refused as ``signature_predates_restart`` (503, retryable: sign again).
-
-    Raises ProtocolError ``signature_replayed``; DomainError ``signature_predates_restart``, or
-    ``storage_busy`` when the in-process store is full of unexpired nonces.
+    Raises ProtocolError ``signature_replayed``; DomainError ``storage_busy`` (503) when SQLite
+    stays locked.
     """
     key = _NONCE_KEY.format(key_id, nonce)
     if cache_is_shared():
         accepted = cache.add(key, 1, timeout=2 * window_seconds)
     else:
-        # created is a whole second; P = floor(start). A request received before the start was
-        # signed at most `skew` ahead of a moment before it: created <= P + skew.
-        if created <= PROCESS_STARTED + protocol().signature_future_skew_seconds:
-            raise DomainError(
-                "signature_predates_restart",
-                "the request was signed before the control plane restarted; sign it again",
-                retry_after=1,
-            )
-        accepted = PROCESS_NONCES.add(key, 2 * window_seconds)
+        accepted = nonce_record(key=key, ttl_seconds=2 * window_seconds)
     if not accepted:
         raise ProtocolError("signature_replayed", "this signature nonce was already used")
 
@@ -87,8 +63,8 @@ class WorkerSignatureAuthentication(BaseAuthentication):
     Raises ProtocolError (mapped to 401 by the API exception handler) with ``signature_missing``,
     ``signature_malformed``, ``signature_stale``, ``credential_unknown``, ``credential_revoked``,
     ``credential_expired``, ``content_digest_mismatch``, ``signature_path_mismatch``,
-    ``signature_invalid`` or ``signature_replayed``; DomainError ``signature_predates_restart``
-    (503) and ``rate_limited`` (429) instead of the failure once a client address has failed
+    ``signature_invalid`` or ``signature_replayed``; DomainError ``storage_busy`` (503) and
+    ``rate_limited`` (429) instead of the failure once a client address has failed
     authentication more than ``RATE_AUTH_FAILURES`` times. Only failing requests are counted and
     limited: a correctly signed request is never refused by this limit, so a forger sharing a
     worker's address (NAT, same host) cannot lock it out.
@@ -108,7 +84,7 @@ class WorkerSignatureAuthentication(BaseAuthentication):
                 raw.path,
                 client_address(raw),
             )
-            if exc.code != "signature_predates_restart":
+            if exc.code != "storage_busy":
                 enforce(  # counts this failure; the next over the limit gets 429
                     raw,
                     group="worker-auth-failures",
@@ -144,7 +120,7 @@ class WorkerSignatureAuthentication(BaseAuthentication):
         )
         # Remember the nonce only after the signature verified, so forged requests cannot burn
         # a worker's nonces.
-        nonce_accept(key_id=signed.key_id, nonce=signed.nonce, created=signed.created, window_seconds=window)
+        nonce_accept(key_id=signed.key_id, nonce=signed.nonce, window_seconds=window)
         return resolved["principal"], signed
 
     def authenticate_header(self, request) -> str:

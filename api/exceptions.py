@@ -76,12 +76,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     response = _handle(exc)
     if response is not None and response.status_code >= 500:
         # A catalogued 503 is an expected, retryable refusal, not a bug: not Django's ERROR for a
-        # 5xx. Contention (storage busy, lock timeout) is a warning; a request signed before this
-        # process started is part of every restart (the agent signs again): information.
+        # 5xx, but contention (storage busy, lock timeout) is worth a warning.
         request = context.get("request")
-        level = logging.INFO if response.data["code"] == "signature_predates_restart" else logging.WARNING
         log.log(
-            level,
+            logging.WARNING,
             "%s %s: %s %s",
             getattr(request, "path", "?"),
             response.status_code,

@@ -50,3 +50,18 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.id}"
+
+
+class SweepMark(models.Model):
+    """When a sweep cycle last finished, one row per ``name`` (``cycle``); read by ``/readyz``.
+
+    Written by ``actions.sweeps.run_cycle`` after each cycle (one upsert, outside any other
+    transaction); any replica's or Celery beat's cycle counts.
+    """
+
+    name = models.CharField(max_length=32, primary_key=True)
+    finished_at = models.DateTimeField()
+    duration_ms = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.finished_at:%Y-%m-%d %H:%M:%S}"

@@ -8,7 +8,7 @@ Usage::
 
 What it does, against the PostgreSQL database it is given (it migrates it; use one of your own):
 
-1. starts a real control plane, ``manage.py serve`` (waitress, 8 threads, no sweep loop), on a free
+1. starts a real control plane, ``manage.py serve`` (Granian, 8 request slots, no sweep loop), on a free
    port between 8300 and 8399, with the chosen profile's timings (cluster-control: Redis at
    ``REDIS_URL`` for nonces and rate limits) and the worker rate limit lifted;
 2. enrolls ``--clients`` workers over HTTP and registers a session for each, signing every

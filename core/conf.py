@@ -23,7 +23,6 @@ class ProtocolSettings:
     takeovers_per_minute: int
     signature_window_seconds: int
     signature_future_skew_seconds: int
-    nonce_store_capacity: int
     enrollment_token_ttl_seconds: int
     rotation_grace_seconds: int
     credential_cache_seconds: int

@@ -82,6 +82,16 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "body_too_large": ErrorSpec(
         413, "The body exceeds the endpoint's size limit (checked before parsing).", WorkerAction.FIX_REQUEST
     ),
+    "headers_too_large": ErrorSpec(
+        431,
+        "The request carries more header fields, or a larger header block, than the server accepts.",
+        WorkerAction.FIX_REQUEST,
+    ),
+    "request_timeout": ErrorSpec(
+        408,
+        "The request body did not arrive within the server's body timeout; the connection is closed.",
+        WorkerAction.RETRY,
+    ),
     "unsupported_media_type": ErrorSpec(415, "The body is not application/json.", WorkerAction.FIX_REQUEST),
     "method_not_allowed": ErrorSpec(
         405, "The endpoint does not accept this HTTP method.", WorkerAction.FIX_REQUEST
@@ -142,11 +152,6 @@ CATALOGUE: dict[str, ErrorSpec] = {
         409,
         "The worker has no active credential to rotate (never enrolled or revoked).",
         WorkerAction.FIX_REQUEST,
-    ),
-    "signature_predates_restart": ErrorSpec(
-        503,
-        "Signed before this control-plane process started; its nonce store cannot vouch for it. Sign again.",
-        WorkerAction.RETRY,
     ),
     "principal_mismatch": ErrorSpec(
         403, "A body/path worker id differs from the authenticated worker.", WorkerAction.STOP

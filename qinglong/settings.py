@@ -9,8 +9,8 @@ on a per-process cache.
 
 from __future__ import annotations
 
+import os
 import secrets
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "knox",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_ratelimit",
     "qinglong",
     "audit",
@@ -76,6 +77,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "api.observability.ObservabilityMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "api.middleware.BodyLimitMiddleware",
@@ -157,9 +159,6 @@ else:
             "OPTIONS": {"MAX_ENTRIES": 50_000},
         }
     }
-# When this process started (unix seconds). The standalone profile's nonce store lives in process
-# memory and knows nothing older; api.auth refuses requests signed before it (retryable 503).
-QINGLONG_PROCESS_STARTED = int(time.time())
 RATELIMIT_USE_CACHE = "default"
 # Rate limits per client address (enrollment, failed worker authentication) key on REMOTE_ADDR.
 # Behind a reverse proxy, name the META key holding the single client address it sets (for
@@ -240,6 +239,12 @@ SPECTACULAR_SETTINGS = {
     ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/v1/docs: Swagger UI from the installed drf-spectacular-sidecar, nothing from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # No online validator badge (Swagger UI would fetch it from validator.swagger.io).
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {},
 }
@@ -266,10 +271,8 @@ QINGLONG = {
     "SIGNATURE_WINDOW_SECONDS": env.int("QINGLONG_SIGNATURE_WINDOW_SECONDS", default=60),
     # How far ahead of the server's clock a signature's `created` may be. The agent signs with its
     # clock aligned to the server's Date header (never ahead of it), so a small allowance is
-    # enough; it is also how long a restarted standalone server refuses signatures (503).
+    # enough.
     "SIGNATURE_FUTURE_SKEW_SECONDS": env.int("QINGLONG_SIGNATURE_FUTURE_SKEW_SECONDS", default=2),
-    # Standalone profile: most unexpired replay nonces held in memory (then 503, never forget).
-    "NONCE_STORE_CAPACITY": env.int("QINGLONG_NONCE_STORE_CAPACITY", default=100_000),
     "ENROLLMENT_TOKEN_TTL_SECONDS": env.int("QINGLONG_ENROLLMENT_TOKEN_TTL_SECONDS", default=24 * 3600),
     "ROTATION_GRACE_SECONDS": env.int("QINGLONG_ROTATION_GRACE_SECONDS", default=300),
     "CREDENTIAL_CACHE_SECONDS": env.int("QINGLONG_CREDENTIAL_CACHE_SECONDS", default=30),
@@ -289,15 +292,67 @@ QINGLONG = {
     ),
 }
 
+# --- serving (manage.py serve: Granian + qinglong.serving.RequestGuard; docs/deploy.md) ------------
+QINGLONG_SERVER = {
+    # Connections one server process holds at once (Granian's backpressure); more wait in the
+    # listen backlog. Slow clients, keep-alive agents and (issue 18) long polls each hold one.
+    "MAX_CONNECTIONS": env.int("QINGLONG_MAX_CONNECTIONS", default=4096),
+    "BACKLOG": env.int("QINGLONG_LISTEN_BACKLOG", default=1024),
+    # A client must send its whole request head within this long (also the idle keep-alive limit).
+    "HEADER_TIMEOUT_SECONDS": env.float("QINGLONG_HEADER_TIMEOUT_SECONDS", default=10.0),
+    # ... and its whole body within this long after the head; then 408 and the connection closes.
+    "BODY_TIMEOUT_SECONDS": env.float("QINGLONG_BODY_TIMEOUT_SECONDS", default=10.0),
+    # Header fields per request (431 beyond) and the read buffer that bounds the header block.
+    "MAX_HEADERS": env.int("QINGLONG_MAX_HEADERS", default=64),
+    "MAX_HEADER_BYTES": env.int("QINGLONG_MAX_HEADER_BYTES", default=16 * 1024),
+    # Any body (413 beyond): the operator API's largest limit (96 KiB) plus headroom; the
+    # per-endpoint limits (api.middleware.BodyLimitMiddleware) are smaller.
+    "MAX_BODY_BYTES": env.int("QINGLONG_MAX_BODY_BYTES", default=128 * 1024),
+    # Requests inside Django's synchronous code at once, per process (a thread each).
+    "MAX_ACTIVE_REQUESTS": env.int("QINGLONG_MAX_ACTIVE_REQUESTS", default=8),
+}
+
+# --- health and metrics (api.health, api.metrics; docs/operations.md) ------------------------------
+# /readyz fails its `sweeps` check when no sweep cycle finished within this many seconds.
+QINGLONG_READY_SWEEP_MAX_AGE_SECONDS = env.int("QINGLONG_READY_SWEEP_MAX_AGE_SECONDS", default=60)
+# /metrics answers a request from these networks, or one bearing `Authorization: Bearer <token>`.
+QINGLONG_METRICS_ALLOW = env.list("QINGLONG_METRICS_ALLOW", default=["127.0.0.1/32", "::1/128"])
+QINGLONG_METRICS_TOKEN = env.str("QINGLONG_METRICS_TOKEN", default="")
+# Several processes write the same counters (Granian's server processes, the sweep loop, Celery):
+# prometheus_client keeps each process's values in a file here and a scrape sums them. It reads
+# the variable when it is first imported, which is after settings load.
+PROMETHEUS_MULTIPROC_DIR = Path(env.str("PROMETHEUS_MULTIPROC_DIR", default=str(VAR_DIR / "metrics")))
+PROMETHEUS_MULTIPROC_DIR.mkdir(parents=True, exist_ok=True)
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(PROMETHEUS_MULTIPROC_DIR)
+
+# --- logs: plain lines, or JSON lines with QINGLONG_LOG_FORMAT=json (python-json-logger) ----------
+LOG_FORMAT = env.str("QINGLONG_LOG_FORMAT", default="plain")
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"QINGLONG_LOG_FORMAT={LOG_FORMAT!r}: use plain or json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"request_id": {"()": "api.observability.RequestIdFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s %(process)d",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        },
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["request_id"]}
+    },
     "root": {"handlers": ["console"], "level": env.str("QINGLONG_LOG_LEVEL", default="INFO")},
     "loggers": {
         "django.request": {"level": "ERROR"},
-        "waitress": {"level": "WARNING"},
+        # The access log: one line per request answered by Django (api.observability).
+        "qinglong.access": {"level": env.str("QINGLONG_ACCESS_LOG_LEVEL", default="INFO")},
+        # Granian's own lines (start, worker processes, errors) go through the same handler.
+        "_granian": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        "granian.access": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        "celery": {"level": "INFO"},
         # Django logs a foreign Host header at ERROR with a traceback; anyone could flood that.
         # The 400 answer logs one warning line instead (api.exceptions.bad_request).
         "django.security.DisallowedHost": {"handlers": [], "propagate": False},

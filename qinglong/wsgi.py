@@ -1,4 +1,4 @@
-"""WSGI entry point (``manage.py serve`` runs it under waitress)."""
+"""WSGI entry point, for a WSGI server (``manage.py serve`` runs the ASGI app, qinglong.asgi)."""
 
 import os
 

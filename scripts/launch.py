@@ -2,7 +2,7 @@
 scheduled sample.
 
 Steps: migrate the SQLite default, create an operator login (printed), start the control plane
-(``manage.py serve``: waitress + the in-process sweep loop), enroll a local worker with a fresh
+(``manage.py serve``: Granian + the in-process sweep loop), enroll a local worker with a fresh
 single-use token, start ``qinglong-worker run`` as a separate process under a small supervisor
 (restarted when it exits fenced, status 3 — kill it to watch generation 2 take over), create four
 sample tasks through the operator API and enqueue one run of each, schedule a fifth task every
@@ -10,6 +10,11 @@ minute (``* * * * *``, UTC), then print each outcome as it lands and each schedu
 ``ONCE=1`` stops after the samples and the first scheduled fire (drain, offline, shutdown) and
 exits 0 only if every sample ended as expected; otherwise it keeps serving the admin (and the
 schedule keeps firing) until Ctrl-C.
+
+With ``QINGLONG_LOG_FORMAT=json`` every line it prints is one JSON object: its own status lines,
+the control plane's log (JSON already) and the agent's lines (plain text from a process that
+imports no logging library beyond the standard one), which it relays wrapped as
+``{"time", "level", "logger": "agent", "message"}``.
 
 This script imports no Django: it drives the product the way an operator would.
 """
@@ -33,6 +38,7 @@ PORT = int(os.environ.get("PORT", "8000"))
 SERVER = f"http://127.0.0.1:{PORT}"
 PY = sys.executable
 ONCE = os.environ.get("ONCE", "") not in ("", "0")
+JSON_LOGS = os.environ.get("QINGLONG_LOG_FORMAT", "plain") == "json"
 
 SAMPLES = [
     # name, revision spec, expected (state, exit code)
@@ -76,8 +82,48 @@ SCHEDULED = (
 )
 
 
+def _json_line(logger: str, message: str, level: str = "INFO") -> str:
+    now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    return json.dumps({"time": now, "level": level, "logger": logger, "message": message})
+
+
+#: The relay threads and the main thread print whole lines, one at a time (never interleaved).
+_PRINT = threading.Lock()
+
+
+def emit(line: str) -> None:
+    with _PRINT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 def say(message: str) -> None:
-    print(f"[make run] {message}", flush=True)
+    emit(_json_line("make-run", message) if JSON_LOGS else f"[make run] {message}")
+
+
+def _relay(stream, logger: str) -> None:
+    """Print a child's output line by line: JSON objects as they are, anything else wrapped."""
+    for raw in stream:
+        line = raw.rstrip("\n")
+        if not line.strip():
+            continue
+        try:
+            is_object = isinstance(json.loads(line), dict)
+        except ValueError:
+            is_object = False
+        level = "WARNING" if " WARNING " in line else "ERROR" if " ERROR " in line else "INFO"
+        emit(line if is_object else _json_line(logger, line, level))
+
+
+def spawn(command: list[str], logger: str, **kwargs) -> subprocess.Popen:
+    """``Popen`` whose output, in JSON mode, goes through :func:`_relay` (else straight through)."""
+    if not JSON_LOGS:
+        return subprocess.Popen(command, cwd=ROOT, **kwargs)
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs
+    )
+    threading.Thread(target=_relay, args=(process.stdout, logger), daemon=True).start()
+    return process
 
 
 def manage(*args: str, capture: bool = True) -> str:
@@ -142,7 +188,7 @@ class Supervisor:
         self.thread.start()
 
     def _spawn(self) -> subprocess.Popen:
-        return subprocess.Popen(
+        return spawn(
             [
                 PY,
                 "-m",
@@ -159,7 +205,7 @@ class Supervisor:
                 "--drain-timeout",
                 "30",
             ],
-            cwd=ROOT,
+            "agent",
             start_new_session=True,
         )
 
@@ -259,8 +305,8 @@ def main() -> int:
     say(f"operator API token: {login['token']}")
     # Its own session: a terminal Ctrl-C must not kill the control plane before the worker has
     # drained and gone offline through it.
-    server = subprocess.Popen(
-        [PY, str(ROOT / "manage.py"), "serve", "--port", str(PORT)], cwd=ROOT, start_new_session=True
+    server = spawn(
+        [PY, str(ROOT / "manage.py"), "serve", "--port", str(PORT)], "control-plane", start_new_session=True
     )
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
@@ -270,7 +316,7 @@ def main() -> int:
         wait_for_server(server)
         token = manage("enroll_worker", "local-worker", "--token-only")
         state_dir = VAR / "worker"
-        subprocess.run(
+        enroll = spawn(
             [
                 PY,
                 "-m",
@@ -285,9 +331,10 @@ def main() -> int:
                 "--worker",
                 "local-worker",
             ],
-            cwd=ROOT,
-            check=True,
+            "agent",
         )
+        if enroll.wait() != 0:
+            raise SystemExit(f"enrolling the local worker failed with status {enroll.returncode}")
         supervisor = Supervisor(state_dir)
         supervisor.start()
         operator = Operator(login["token"])

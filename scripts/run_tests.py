@@ -20,7 +20,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Test folders that touch no database: run once, in the SQLite leg.
-NO_DB = ["tests/protocol", "tests/agent/unit"]
+NO_DB = ["tests/protocol", "tests/agent/unit", "tests/deploy"]
 
 
 def postgres_reachable(url: str) -> str | None:

@@ -10,8 +10,6 @@ from django.conf import settings as django_settings
 from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
 
-from api import auth
-
 CI = os.environ.get("CI", "").lower() == "true"
 
 
@@ -54,15 +52,6 @@ def _fresh_cache():
     yield
     if isinstance(cache, LocMemCache):
         cache.clear()
-
-
-@pytest.fixture(autouse=True)
-def _long_running_server(monkeypatch):
-    """Tests sign requests seconds after this process started; a standalone server refuses
-    signatures from its first SIGNATURE_FUTURE_SKEW_SECONDS (a replay it cannot rule out), so tests
-    run as if the server had been up for an hour. The refusal itself is tested explicitly
-    (tests/workers/test_auth_signatures.py, tests/workers/test_auth_replay_store.py)."""
-    monkeypatch.setattr(auth, "PROCESS_STARTED", auth.PROCESS_STARTED - 3600)
 
 
 @pytest.fixture

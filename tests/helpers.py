@@ -241,3 +241,18 @@ def refused(answer, status: int, code: str) -> None:
     """Assert ``answer`` is the error ``code`` with HTTP ``status``."""
     assert answer.status_code == status, answer.json()
     assert answer.json()["code"] == code, answer.json()
+
+
+#: The standalone replay store (``workers.nonces``: authentication, like Redis in the cluster
+#: profile) and the transaction around its insert are not repository access.
+_REPLAY_TABLE = "workers_replaynonce"
+_TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK")
+
+
+def repository_queries(queries) -> list[str]:
+    """The SQL of a ``CaptureQueriesContext`` minus the replay store's own statements."""
+    return [
+        q["sql"]
+        for q in queries
+        if _REPLAY_TABLE not in q["sql"] and not q["sql"].lstrip().upper().startswith(_TRANSACTION_CONTROL)
+    ]

@@ -5,8 +5,8 @@ registers a new session (a worker-generated UUIDv7) which atomically replaces th
 current session: ``generation`` increases by one per session and a new session's ``version``
 starts above its predecessor's, so both only ever increase across the worker's life (the newest
 session by generation carries the highest of each; nothing else stores them). The session lease
-(``lease_expires_at``) only says "this node recently
-reported status and capacity"; it authorises no run (run leases live in ``leases``).
+(``lease_expires_at``) only says "this node recently reported status and capacity"; it
+authorises no run (run leases live in ``leases``).
 """
 
 from __future__ import annotations
@@ -193,3 +193,18 @@ class WorkerSession(models.Model):
     @property
     def is_live_state(self) -> bool:
         return self.state in LIVE_SESSION_STATES
+
+
+class ReplayNonce(models.Model):
+    """One accepted signature nonce (standalone profile; the cluster profile keeps them in Redis).
+
+    ``key`` is ``<keyid>:<nonce>``; ``expires_at`` is unix seconds, after which no signature
+    carrying the nonce can be fresh. Insert-or-fail is the replay check (``workers.nonces``); the
+    sweep deletes expired rows. Survives restarts, so a restart refuses nothing fresh.
+    """
+
+    key = models.CharField(max_length=200, primary_key=True)
+    expires_at = models.BigIntegerField(db_index=True)
+
+    def __str__(self) -> str:
+        return self.key

@@ -1,59 +1,49 @@
-"""The standalone profile's replay memory: every accepted nonce, exactly, until it expires.
+"""The standalone profile's replay memory: a table of accepted nonces (``ReplayNonce``).
 
 The cluster profile keeps nonces in Redis (``cache.add`` = ``SET NX``, shared by all replicas).
-The standalone profile is one process, so it keeps them in memory — but not in Django's locmem
-cache, which evicts least-recently-used entries once it holds ``MAX_ENTRIES`` (300 by default):
-a nonce is never read again after it is stored, so it would be the first to go, and the request
-carrying it could be replayed inside its window. This store forgets a nonce only when it expires,
-and when it is full of unexpired nonces it refuses new requests (503, retryable) rather than
-forget one: replay protection fails closed.
+The standalone profile keeps them in its database, so that a restarted control plane still
+knows every nonce it accepted before and refuses nothing fresh (an in-memory store had to
+refuse every request signed before the process started). One ``INSERT … ON CONFLICT DO
+NOTHING`` per accepted signature is the check: of two requests carrying one nonce, exactly one
+inserts the row. The sweep cycle deletes expired rows in bounded batches.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import deque
 
-from core.errors import DomainError
+from django.db import connection
+
+from workers.models import ReplayNonce
+
+_TABLE = ReplayNonce._meta.db_table
 
 
-class ProcessNonceStore:
-    """A bounded set of keys, each remembered for a fixed ``ttl_seconds`` (monotonic clock).
+def nonce_insert(key: str, ttl_seconds: int, *, now: float | None = None) -> bool:
+    """Remember ``key`` (``<keyid>:<nonce>``, ≤ 200 chars) for ``ttl_seconds``; False if it is known.
 
-    Entries expire in insertion order (one TTL for all), so expiry is a pop from the left of a
-    deque: O(1) amortised per call, thread safe under one lock.
+    One statement (SQLite and PostgreSQL both have ``ON CONFLICT DO NOTHING``); it opens no
+    transaction of its own: ``actions.nonces.nonce_record`` runs it as a write path.
     """
+    expires_at = int((time.time() if now is None else now) + ttl_seconds)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {_TABLE} (key, expires_at) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING",
+            [key, expires_at],
+        )
+        return cursor.rowcount == 1
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._expires: dict[str, float] = {}
-        self._order: deque[tuple[float, str]] = deque()
-        self._lock = threading.Lock()
 
-    def __len__(self) -> int:
-        return len(self._expires)
+def nonces_prune(*, batch: int, now: float | None = None) -> int:
+    """Delete up to ``batch`` expired nonces; returns how many went (the sweep calls it)."""
+    cutoff = int(time.time() if now is None else now)
+    expired = list(ReplayNonce.objects.filter(expires_at__lt=cutoff).values_list("key", flat=True)[:batch])
+    if not expired:
+        return 0
+    deleted, _ = ReplayNonce.objects.filter(key__in=expired, expires_at__lt=cutoff).delete()
+    return deleted
 
-    def add(self, key: str, ttl_seconds: float, *, now: float | None = None) -> bool:
-        """Remember ``key`` for ``ttl_seconds``; False if it is already remembered.
 
-        Raises DomainError ``storage_busy`` (503) when ``capacity`` unexpired keys are held.
-        """
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            while self._order and self._order[0][0] <= now:
-                expiry, old = self._order.popleft()
-                if self._expires.get(old) == expiry:
-                    del self._expires[old]
-            if key in self._expires:
-                return False
-            if len(self._expires) >= self.capacity:
-                raise DomainError(
-                    "storage_busy",
-                    f"the replay store holds {self.capacity} unexpired nonces; retry shortly",
-                    retry_after=max(1, int(self._order[0][0] - now) + 1),
-                )
-            expiry = now + ttl_seconds
-            self._expires[key] = expiry
-            self._order.append((expiry, key))
-            return True
+def nonces_held() -> int:
+    """Rows in the table (expired ones not yet pruned included): the ``/metrics`` store size."""
+    return ReplayNonce.objects.count()

@@ -150,9 +150,10 @@ def test_a_host_outside_allowed_hosts_gets_the_json_error_naming_the_header(clie
         logging.getLogger().removeHandler(reaching_the_log)
     assert answer.status_code == 400 and answer["Content-Type"] == "application/json"
     assert (answer.json()["code"], answer.json()["field"]) == ("host_not_allowed", "Host")
-    # one warning line, no ERROR with a traceback that anyone could flood the log with
+    # one warning line (and the access line), no ERROR with a traceback anyone could flood the log with
     assert [(r.name, r.levelno, r.exc_info) for r in reaching_the_log.records] == [
-        ("api", logging.WARNING, None)
+        ("api", logging.WARNING, None),
+        ("qinglong.access", logging.INFO, None),
     ]
 
 

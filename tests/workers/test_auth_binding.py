@@ -17,7 +17,15 @@ from api.base import check_principal_binding
 from core.errors import DomainError
 from protocol import wire
 from protocol.ids import uuid7
-from tests.helpers import OfferTicket, SignedClient, enrolled_worker, heartbeat, register, register_body
+from tests.helpers import (
+    OfferTicket,
+    SignedClient,
+    enrolled_worker,
+    heartbeat,
+    register,
+    register_body,
+    repository_queries,
+)
 from workers.models import WorkerSession
 from workers.principals import WorkerPrincipal
 
@@ -47,7 +55,7 @@ def test_worker_a_key_with_worker_b_id_is_refused_before_any_query(client, two_w
         "message": "workerId is not the authenticated worker",
         "field": "workerId",
     }
-    assert len(queries) == 0, [q["sql"] for q in queries]
+    assert repository_queries(queries) == []
 
 
 def test_worker_a_key_with_worker_b_session_is_refused_before_any_query(client, two_workers):
@@ -80,7 +88,7 @@ def test_worker_a_key_with_worker_b_session_is_refused_before_any_query(client, 
     for answer in answers:
         assert answer.status_code == 403, answer.json()
         assert answer.json()["code"] == "principal_mismatch" and answer.json()["field"] == "sessionId"
-    assert len(queries) == 0, [q["sql"] for q in queries]
+    assert repository_queries(queries) == []
     assert list(WorkerSession.objects.order_by("pk").values()) == before
 
 
@@ -111,7 +119,7 @@ def test_registering_over_http_binds_the_session_to_its_worker_at_once(client):
             {"sessionId": session_id, "generation": 1, "expectedVersion": 0, "availableSlots": 1},
         )
     assert answer.status_code == 403 and answer.json()["field"] == "sessionId"
-    assert len(queries) == 0
+    assert repository_queries(queries) == []
 
 
 def test_own_ids_pass_and_non_ids_are_left_to_the_serializer(client, two_workers):

@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 
 from protocol import wire
 from protocol.ids import uuid7
-from tests.helpers import BASE_SNAPSHOT, SignedClient, enrolled_worker, register
+from tests.helpers import BASE_SNAPSHOT, SignedClient, enrolled_worker, register, repository_queries
 
 pytestmark = pytest.mark.django_db
 
@@ -50,7 +50,7 @@ def test_body_worker_id_of_another_worker_is_refused_before_any_query(client):
         "message": "workerId is not the authenticated worker",
         "field": "workerId",
     }
-    assert len(queries) == 0, [q["sql"] for q in queries]
+    assert repository_queries(queries) == []
 
 
 def test_generation_1_heartbeat_after_restart_is_fenced_over_http(client):

@@ -1,20 +1,19 @@
-"""Replay protection that does not forget: the standalone nonce store, the future-skew bound,
-and the failed-authentication limit that never refuses a correctly signed request."""
+"""Replay protection that does not forget: the standalone nonce store (a table, so a restart
+forgets nothing and refuses nothing fresh), the future-skew bound, and the failed-authentication
+limit that never refuses a correctly signed request."""
 
 from __future__ import annotations
 
 import datetime
-import logging
 import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from api import auth
-from core.errors import DomainError
 from protocol import strictjson, wire
 from tests.helpers import SignedClient, heartbeat, refused, send, signed_headers
-from workers.nonces import ProcessNonceStore
+from workers.models import ReplayNonce
+from workers.nonces import nonce_insert, nonces_held, nonces_prune
 
 pytestmark = pytest.mark.django_db
 
@@ -41,16 +40,12 @@ def test_a_captured_request_stays_refused_after_thousands_of_other_requests(
     refused(send(client, wire.SESSION_HEARTBEAT, raw, captured), 401, "signature_replayed")
 
 
-def test_the_store_forgets_only_expired_nonces_and_fails_closed_when_full():
-    store = ProcessNonceStore(capacity=2)
-    assert store.add("a", 10, now=0) and store.add("b", 10, now=1)
-    assert not store.add("a", 10, now=5)
-    with pytest.raises(DomainError) as full:
-        store.add("c", 10, now=5)
-    assert full.value.code == "storage_busy" and full.value.retry_after >= 1
-    assert store.add("c", 10, now=10.5)  # "a" expired at 10: room again, "b" still remembered
-    assert not store.add("b", 10, now=10.5)
-    assert len(store) == 2
+def test_the_store_remembers_a_nonce_until_it_expires_and_the_sweep_prunes_only_expired_ones():
+    assert nonce_insert("k:a", 10, now=1000) and nonce_insert("k:b", 100, now=1000)
+    assert not nonce_insert("k:a", 10, now=1005)
+    assert nonces_prune(batch=10, now=1005) == 0
+    assert nonces_prune(batch=10, now=1011) == 1  # "a" expired at 1010; "b" stays
+    assert list(ReplayNonce.objects.values_list("key", flat=True)) == ["k:b"] and nonces_held() == 1
 
 
 def test_created_may_lead_the_server_clock_only_by_the_future_skew(client, worker_session, protocol_settings):
@@ -67,19 +62,18 @@ def test_created_may_lead_the_server_clock_only_by_the_future_skew(client, worke
 
 
 def test_after_a_restart_a_request_received_by_the_previous_process_cannot_be_replayed(
-    client, worker_session, monkeypatch, protocol_settings
+    client, worker_session, protocol_settings
 ):
-    """Signed 2 s ahead (inside the future skew) just before a restart: the new process cannot
-    know its nonce, and refuses it for being created before start + skew."""
+    """Signed 2 s ahead (inside the future skew) just before a restart: the nonce is in the
+    database, which the new process reads, so the replay is refused as a replay."""
     worker, session = worker_session
     protocol_settings(SIGNATURE_FUTURE_SKEW_SECONDS=2)
     raw = strictjson.dumps(heartbeat(session))
     ahead = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2)
     headers = signed_headers(worker, wire.SESSION_HEARTBEAT, raw, created=ahead)
     assert send(client, wire.SESSION_HEARTBEAT, raw, headers).status_code == 200
-    monkeypatch.setattr(auth, "PROCESS_STARTED", int(time.time()))  # the server restarts now
-    monkeypatch.setattr(auth, "PROCESS_NONCES", ProcessNonceStore(capacity=1000))  # and forgets
-    refused(send(client, wire.SESSION_HEARTBEAT, raw, headers), 503, "signature_predates_restart")
+    assert ReplayNonce.objects.filter(key__startswith=f"worker-nonce:{worker.credential_id}:").exists()
+    refused(send(client, wire.SESSION_HEARTBEAT, raw, headers), 401, "signature_replayed")
 
 
 def test_failed_authentications_never_lock_out_a_correctly_signed_worker(
@@ -97,17 +91,3 @@ def test_failed_authentications_never_lock_out_a_correctly_signed_worker(
     )
     # the same address, correctly signed: always let through
     assert SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
-
-
-def test_a_request_signed_before_a_restart_is_logged_as_information_not_as_an_error(
-    client, worker_session, monkeypatch, caplog
-):
-    """The agent re-signs and retries; a newcomer's second `make run` must not print ERROR."""
-    worker, session = worker_session
-    raw = strictjson.dumps(heartbeat(session))
-    headers = signed_headers(worker, wire.SESSION_HEARTBEAT, raw)
-    monkeypatch.setattr(auth, "PROCESS_STARTED", int(time.time()) + 5)
-    with caplog.at_level(logging.INFO):
-        refused(send(client, wire.SESSION_HEARTBEAT, raw, headers), 503, "signature_predates_restart")
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert [r for r in caplog.records if r.name == "api" and "signature_predates_restart" in r.getMessage()]

@@ -41,7 +41,7 @@ while not os.path.exists(go):
 accepted = []
 for index in range(count):
     try:
-        nonce_accept(key_id=key_id, nonce=f"nonce-{index:05d}-abcdefghijklmnop", created=int(time.time()),
+        nonce_accept(key_id=key_id, nonce=f"nonce-{index:05d}-abcdefghijklmnop",
                      window_seconds=60)
         accepted.append(index)
     except ProtocolError as exc:

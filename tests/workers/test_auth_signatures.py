@@ -4,14 +4,12 @@ own 401 code, and a refused request changes nothing."""
 from __future__ import annotations
 
 import datetime
-import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from api import auth
 from audit.models import Event
 from protocol import strictjson, wire
 from protocol.signing import sign_request
@@ -65,7 +63,6 @@ def test_the_window_is_a_setting_read_on_every_request(
     client, worker_session, protocol_settings, monkeypatch
 ):
     worker, session = worker_session
-    monkeypatch.setattr(auth, "PROCESS_STARTED", 0)  # this process has been up for ever
     created = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=20)
     api = SignedClient(client, worker)
     assert api.post(wire.SESSION_HEARTBEAT, heartbeat(session), created=created).status_code == 200
@@ -193,21 +190,4 @@ def test_failed_authentications_are_limited_per_address_not_per_worker(
     refused(answer, 429, "rate_limited")
     assert 1 <= int(answer["Retry-After"]) <= 60
     # the worker itself, from its own address, is not locked out by the forger
-    assert SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
-
-
-def test_a_request_signed_before_a_standalone_restart_is_refused_retryably(
-    client, worker_session, monkeypatch
-):
-    """The standalone nonce store lives in process memory; after a restart it cannot know the
-    nonces of requests signed before, so those must be signed again (503, retried by agents)."""
-    worker, session = worker_session
-    raw = strictjson.dumps(heartbeat(session))
-    before_restart = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=8)
-    headers = signed_headers(worker, wire.SESSION_HEARTBEAT, raw, created=before_restart)
-    # restarted 5 s ago: past the 2 s future skew, so a request signed now is fresh again
-    monkeypatch.setattr(auth, "PROCESS_STARTED", int(time.time()) - 5)
-    answer = send(client, wire.SESSION_HEARTBEAT, raw, headers)
-    refused(answer, 503, "signature_predates_restart")
-    assert answer["Retry-After"] == "1"
     assert SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200

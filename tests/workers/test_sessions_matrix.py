@@ -39,6 +39,7 @@ from tests.helpers import (
     make_revision,
     register,
     register_body,
+    repository_queries,
     snapshot_rows,
 )
 from workers.fence import Purpose, check_session
@@ -309,7 +310,7 @@ def test_fail_closed_matrix(client, django_capture_on_commit_callbacks, call, fa
     assert snapshot_rows() == before, "a refused call wrote something"
     if fault == "principal/body mismatch":
         # ADR-0012 §1: refused before any repository access.
-        assert len(queries) == 0, [q["sql"] for q in queries]
+        assert repository_queries(queries) == []
     if expect.code == "validation_failed":
         assert out["field"] == next(iter(world.body_changes))
 

@@ -1,31 +1,97 @@
-"""Serve the control plane: the WSGI app under waitress, plus the in-process sweep loop.
+"""Serve the control plane: the ASGI app under Granian, plus the in-process sweep loop.
+
+Granian (Rust, hyper) holds the connections on an event loop — a slow or idle client costs a
+socket and a coroutine, not a thread — bounds them per process, cuts off a client whose request
+head has not arrived within ``QINGLONG_HEADER_TIMEOUT_SECONDS`` and refuses oversized header
+blocks; ``qinglong.serving.RequestGuard`` adds the header count, body size and body deadline
+limits (docs/deploy.md has the table and bench/serving.py the measurements behind the choice).
 
 The standalone profile has no broker: this process also runs the dispatch/sweep cycle every
-``--sweep-interval`` seconds in one background thread. In the cluster-control profile Celery beat
-runs the cycle; pass ``--sweep`` to run it here as well (cycles are safe to overlap).
+``--sweep-interval`` seconds in one background thread, while Granian's worker process(es)
+serve requests. In the cluster-control profile Celery beat runs the cycle; pass ``--sweep`` to
+run it here as well (cycles are safe to overlap).
 """
 
+import fcntl
+import logging
+import multiprocessing
+import os
+import socket
+import tempfile
 import threading
+from pathlib import Path
+from typing import IO
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
-from django.core.wsgi import get_wsgi_application
-from waitress import serve
+from django.core.management.base import BaseCommand, CommandError
+from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings
+from granian.log import LogLevels
+from granian.server import Server
 
 from actions.sweeps import loop
 from core.conf import is_cluster
 
-#: Largest body waitress will buffer: the operator API's limit (96 KiB) plus headroom.
-MAX_REQUEST_BODY_BYTES = 128 * 1024
+log = logging.getLogger("qinglong.serve")
+
+
+def forget_dead_processes(directory: Path) -> int:
+    """Delete the metric files (``<kind>_<pid>.db``) of processes that no longer run; returns how
+    many. prometheus_client sums every file in ``PROMETHEUS_MULTIPROC_DIR``, so the files of an
+    earlier run would otherwise keep adding to this one's series."""
+    removed = 0
+    for path in directory.glob("*_*.db"):
+        pid = path.stem.rsplit("_", 1)[-1]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+            removed += 1
+        except PermissionError:  # alive, someone else's
+            continue
+    return removed
+
+
+def claim_port(host: str, port: int) -> IO[str]:
+    """Make ``host:port`` this server's, or raise CommandError; keep the returned file open.
+
+    Granian's server processes bind with ``SO_REUSEPORT``, which lets two servers of the same
+    user share a port, each answering part of the requests. So a server takes an exclusive lock
+    named after the address (in the system's temporary directory, shared by every checkout on
+    this host) before anything binds, and a plain bind then proves no other program holds it.
+    """
+    lock = open(Path(tempfile.gettempdir()) / f"qinglong-serve-{host}-{port}.lock", "w")  # noqa: SIM115
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise CommandError(f"cannot listen on {host}:{port}: another control plane serves it") from None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is fine
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            lock.close()
+            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return lock
 
 
 class Command(BaseCommand):
-    help = "Serve the control plane (waitress) with the in-process sweep loop."
+    help = "Serve the control plane (Granian, ASGI) with the in-process sweep loop."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--threads", type=int, default=8)
+        parser.add_argument(
+            "--threads",
+            type=int,
+            default=None,
+            help="requests inside Django at once per process (default QINGLONG_MAX_ACTIVE_REQUESTS)",
+        )
+        parser.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
         parser.add_argument("--sweep-interval", type=float, default=2.0, help="seconds between sweep cycles")
         parser.add_argument(
             "--sweep", action="store_true", help="run the sweep loop in the cluster profile too"
@@ -33,26 +99,55 @@ class Command(BaseCommand):
         parser.add_argument("--no-sweep", action="store_true", help="do not run the sweep loop here")
 
     def handle(self, *args, **options):
+        if options["threads"] is not None:
+            # Read by qinglong.asgi in the server processes (they inherit this environment).
+            os.environ["QINGLONG_MAX_ACTIVE_REQUESTS"] = str(options["threads"])
+        limits = settings.QINGLONG_SERVER
+        held = claim_port(options["host"], options["port"])
+        forget_dead_processes(settings.PROMETHEUS_MULTIPROC_DIR)
+        # Server processes start fresh (spawn), never as a fork of this one: the sweep thread
+        # and its database connection must not be copied into them mid-flight.
+        multiprocessing.set_start_method("spawn", force=True)
+        server = Server(
+            "qinglong.asgi:application",
+            address=options["host"],
+            port=options["port"],
+            interface=Interfaces.ASGINL,
+            workers=options["workers"],
+            http=HTTPModes.http1,
+            websockets=False,
+            backlog=limits["BACKLOG"],
+            backpressure=limits["MAX_CONNECTIONS"],
+            http1_settings=HTTP1Settings(
+                header_read_timeout=int(limits["HEADER_TIMEOUT_SECONDS"] * 1000),
+                keep_alive=True,
+                max_buffer_size=max(8192, limits["MAX_HEADER_BYTES"]),
+            ),
+            log_enabled=True,
+            log_level=LogLevels.warning,
+            log_dictconfig=settings.LOGGING,
+            log_access=False,  # qinglong.access writes the access log (request id, worker/user)
+            # A server process that dies takes the whole server down (exit 1): systemd restarts it
+            # (Restart=on-failure) instead of Granian respawning a process that cannot bind.
+            respawn_failed_workers=False,
+        )
         stop = threading.Event()
         sweeping = not options["no_sweep"] and (options["sweep"] or not is_cluster())
         if sweeping:
             threading.Thread(
                 target=loop, args=(stop, options["sweep_interval"]), name="sweep-loop", daemon=True
             ).start()
-        self.stdout.write(
-            f"control plane on http://{options['host']}:{options['port']}/ "
-            f"(profile {settings.QINGLONG_PROFILE}, sweeps {'in-process' if sweeping else 'elsewhere'})"
+        # A log line, not stdout: under QINGLONG_LOG_FORMAT=json it is JSON like every other line.
+        log.info(
+            "control plane on http://%s:%s/ (profile %s, %s server process(es), sweeps %s)",
+            options["host"],
+            options["port"],
+            settings.QINGLONG_PROFILE,
+            options["workers"],
+            "in-process" if sweeping else "elsewhere",
         )
         try:
-            # waitress buffers a whole body before Django sees it (chunked bodies included), so its
-            # own cap must sit just above the largest per-endpoint limit (BodyLimitMiddleware).
-            serve(
-                get_wsgi_application(),
-                host=options["host"],
-                port=options["port"],
-                threads=options["threads"],
-                ident="qinglong",
-                max_request_body_size=MAX_REQUEST_BODY_BYTES,
-            )
+            server.serve()
         finally:
             stop.set()
+            held.close()

@@ -82,7 +82,7 @@ def test_transport_errors_and_503_are_retried_until_an_answer(tmp_path):
         [
             TransportError("connection refused"),
             ApiError(503, "storage_busy", "busy"),
-            ApiError(503, "signature_predates_restart", "sign again"),
+            ApiError(503, "lock_timeout", "a row lock was not granted in time"),
             {"ok": True},
         ],
     )

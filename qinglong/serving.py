@@ -1,0 +1,170 @@
+"""The limits the HTTP server does not enforce itself, as one small ASGI middleware (docs/deploy.md).
+
+``manage.py serve`` runs Granian (Rust, hyper): it bounds connections per process
+(``--max-connections``), cuts off a client that has not sent its whole header block within
+``QINGLONG_HEADER_TIMEOUT_SECONDS``, and refuses header blocks larger than its read buffer
+(431). What is left is done here, before Django sees the request:
+
+* more than ``QINGLONG_MAX_HEADERS`` header fields → 431 ``headers_too_large``;
+* a body above ``QINGLONG_MAX_BODY_BYTES`` (declared or counted while it streams) → 413
+  ``body_too_large`` (the per-endpoint limits of ``api.middleware`` stay, and are smaller);
+* a body not received in full within ``QINGLONG_BODY_TIMEOUT_SECONDS`` of the request head →
+  408 ``request_timeout`` and the connection is closed (a client trickling its body);
+* at most ``QINGLONG_MAX_ACTIVE_REQUESTS`` requests run in Django's synchronous code at once
+  per process; the others wait here, with their bodies already read, holding no thread.
+
+The body is read here in full (it is small: the cap above) and replayed to Django, so a slow
+client holds a coroutine and a socket, never a thread or a database connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+#: Any ASGI application (Django's handler types its arguments a little differently).
+ASGIApp = Callable[..., Awaitable[None]]
+
+#: Paths that never wait for a slot: liveness must answer while every slot is busy.
+UNQUEUED_PATHS = frozenset({"/healthz"})
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, code: str, message: str, details: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.details = status, code, message, details
+
+
+class RequestGuard:
+    """ASGI middleware enforcing the limits above on every HTTP request (lifespan passes through).
+
+    ``max_headers``: header fields per request; ``max_body_bytes``: bytes; ``body_timeout_seconds``:
+    seconds from the request head to the last body byte; ``max_active``: requests inside ``app``
+    at once (``UNQUEUED_PATHS`` excepted). Refusals answer the API's JSON error body.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_headers: int,
+        max_body_bytes: int,
+        body_timeout_seconds: float,
+        max_active: int,
+    ) -> None:
+        self.app = app
+        self.max_headers = max_headers
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_seconds = body_timeout_seconds
+        self.max_active = max_active
+        self._slots: asyncio.Semaphore | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            self._check_head(scope)
+            body = await self._read_body(receive)
+        except _Refused as refused:
+            await _refuse(send, refused)
+            return
+        replay = _Replay(body, receive)
+        if scope["path"] in UNQUEUED_PATHS:
+            await self.app(scope, replay, send)
+            return
+        if self._slots is None:  # created inside the server's event loop
+            self._slots = asyncio.Semaphore(self.max_active)
+        async with self._slots:
+            await self.app(scope, replay, send)
+
+    def _check_head(self, scope: Scope) -> None:
+        headers = scope["headers"]
+        if len(headers) > self.max_headers:
+            raise _Refused(
+                431,
+                "headers_too_large",
+                f"the request has {len(headers)} header fields; at most {self.max_headers} are accepted",
+                {"limitHeaders": self.max_headers},
+            )
+        for name, value in headers:
+            if name == b"content-length":
+                if not value.isdigit():
+                    raise _Refused(
+                        400,
+                        "content_length_invalid",
+                        f"Content-Length {value[:20].decode('latin-1')!r} is not a non-negative integer",
+                    )
+                if int(value) > self.max_body_bytes:
+                    raise self._too_large(int(value))
+
+    def _too_large(self, length: int) -> _Refused:
+        return _Refused(
+            413,
+            "body_too_large",
+            f"the body is at least {length} bytes; this server takes at most {self.max_body_bytes}",
+            {"limitBytes": self.max_body_bytes},
+        )
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.body_timeout_seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        break
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise self._too_large(size)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            raise _Refused(
+                408,
+                "request_timeout",
+                f"the request body did not arrive within {self.body_timeout_seconds:g} s",
+            ) from None
+        return b"".join(chunks)
+
+
+class _Replay:
+    """``receive`` for the app: the body read already, then the client's own messages."""
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self._body: bytes | None = body
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await self._receive()
+
+
+async def _refuse(send: Send, refused: _Refused) -> None:
+    body: dict[str, Any] = {"code": refused.code, "message": refused.message, "field": None}
+    if refused.details:
+        body["details"] = refused.details
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": refused.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
