@@ -53,9 +53,9 @@ def test_every_unit_restarts_on_failure_and_kills_its_whole_control_group():
         assert service["KillMode"] == "control-group", path.name
 
 
-def test_the_agent_unit_never_restarts_a_refused_credential_and_restarts_a_fenced_session():
+def test_the_agent_unit_restarts_a_fenced_session_never_a_refused_credential_or_old_agent():
     service = unit(ROOT / "deploy" / "systemd" / "qinglong-worker.service")["Service"]
     prevented = {int(status) for status in service["RestartPreventExitStatus"].split()}
-    assert prevented == {wire.EXIT_CREDENTIAL_REFUSED}
+    assert prevented == {wire.EXIT_CREDENTIAL_REFUSED, wire.EXIT_AGENT_OUTDATED}
     assert wire.EXIT_FENCED not in prevented  # a fresh process registers a new session
     assert service["KillSignal"] == "SIGTERM" and "run" in service["ExecStart"].split()
