@@ -14,7 +14,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,55 @@ def database_url() -> str:
         return f"sqlite:///{settings['NAME']}"
     credentials = settings["USER"] + (f":{settings['PASSWORD']}" if settings.get("PASSWORD") else "")
     return f"postgres://{credentials}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+
+
+@contextmanager
+def celery_beat(
+    redis_url: str, var_dir: Path, **env: str
+) -> Iterator[Callable[[Callable[[], bool], str], None]]:
+    """A real ``celery worker --beat`` process on Redis, pointed at this test's database.
+
+    PostgreSQL leg: the cluster profile itself (its system checks demand PostgreSQL and Redis);
+    SQLite leg: the standalone profile, which may use Celery too. ``env``: extra environment.
+    Yields ``wait(done, what)``: poll ``done()`` for up to 60 s, failing with the worker's log if
+    it exits or ``what`` does not happen. The process is terminated (then killed) on exit.
+    """
+    queue = f"qinglong-test-{uuid.uuid4().hex}"
+    full_env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "CELERY_BROKER_URL": redis_url,
+        "REDIS_URL": redis_url,
+        "QINGLONG_CELERY_QUEUE": queue,
+        "QINGLONG_SWEEP_INTERVAL_SECONDS": "0.5",
+        "QINGLONG_VAR_DIR": str(var_dir),
+        "QINGLONG_PROFILE": "cluster-control" if connection.vendor == "postgresql" else "standalone",
+        "DJANGO_SECRET_KEY": "celery-beat-test-only",
+        **env,
+    }
+    full_env.pop("QINGLONG_TEST_LEG", None)
+    log = var_dir / "celery.log"
+    command = [sys.executable, "-m", "celery", "-A", "qinglong", "worker", "--beat", "--pool=solo"]
+    command += ["--loglevel=INFO", f"--schedule={var_dir / 'beat-schedule'}", "-Q", queue]
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+
+        def wait(done: Callable[[], bool], what: str) -> None:
+            deadline = time.monotonic() + 60
+            while not done():
+                assert process.poll() is None, f"celery exited {process.returncode}:\n{log.read_text()}"
+                assert time.monotonic() < deadline, f"no {what} within 60 s:\n{log.read_text()}"
+                time.sleep(0.2)
+
+        try:
+            yield wait
+        finally:
+            process.terminate()
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def free_port() -> int:

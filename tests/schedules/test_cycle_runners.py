@@ -4,12 +4,8 @@ process on Redis, pointed at this test's database)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,7 +15,7 @@ from django.db import connection
 from actions.sweeps import loop
 from core.db import db_now
 from schedules.models import ScheduleFire
-from tests.agent.processes import database_url
+from tests.agent.processes import celery_beat
 from tests.helpers import make_revision
 from tests.schedules.flows import make_schedule, rewind
 
@@ -60,54 +56,9 @@ def test_the_in_process_loop_admits_a_due_fire():
 @pytest.mark.slow
 def test_celery_beat_admits_a_due_fire(redis_url, tmp_path):
     schedule = due_schedule()
-    cluster = connection.vendor == "postgresql"
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "CELERY_BROKER_URL": redis_url,
-        "REDIS_URL": redis_url,
-        "QINGLONG_CELERY_QUEUE": f"qinglong-test-{uuid.uuid4().hex}",
-        "QINGLONG_SWEEP_INTERVAL_SECONDS": "0.5",
-        "QINGLONG_VAR_DIR": str(tmp_path),
-        "QINGLONG_PROFILE": "cluster-control" if cluster else "standalone",
-        "DJANGO_SECRET_KEY": "celery-beat-test-only",
-    }
-    env.pop("QINGLONG_TEST_LEG", None)
-    log = tmp_path / "celery.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "qinglong",
-                "worker",
-                "--beat",
-                "--pool=solo",
-                "--loglevel=INFO",
-                f"--schedule={tmp_path / 'beat-schedule'}",
-                "-Q",
-                env["QINGLONG_CELERY_QUEUE"],
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while not ScheduleFire.objects.filter(schedule=schedule, fire_at=schedule.next_fire_at).exists():
-                assert process.poll() is None, f"celery exited {process.returncode}:\n{log.read_text()}"
-                assert time.monotonic() < deadline, f"no admission within 60 s:\n{log.read_text()}"
-                time.sleep(0.2)
-        finally:
-            process.terminate()
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    due = ScheduleFire.objects.filter(schedule=schedule, fire_at=schedule.next_fire_at)
+    with celery_beat(redis_url, tmp_path) as wait:
+        wait(due.exists, "admission")
     fire = ScheduleFire.objects.get(schedule=schedule, fire_at=schedule.next_fire_at)
     assert (fire.outcome, fire.run_id is not None) == ("queued", True)
     assert fire.decided_at - fire.fire_at < timedelta(minutes=2)
