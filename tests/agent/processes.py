@@ -1,7 +1,8 @@
 """Real processes for end-to-end tests: ``manage.py serve`` on the test database, the worker
 agent, ``manage.py`` commands — each a separate process, as in production.
 
-Servers listen on 127.0.0.1 ports 8600-8699 only; each pytest-xdist worker takes its own slice.
+Servers listen on 127.0.0.1 ports 8600-8699 only (``QINGLONG_TEST_PORT_BASE`` moves the range, for
+checkouts testing side by side); each pytest-xdist worker takes its own slice.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
-PORTS = range(8600, 8700)
+PORT_BASE = int(os.environ.get("QINGLONG_TEST_PORT_BASE", "8600"))
+PORTS = range(PORT_BASE, PORT_BASE + 100)
 
 
 def database_url() -> str:
@@ -85,7 +87,7 @@ def celery_beat(
 
 
 def free_port() -> int:
-    """A free port in this xdist worker's slice of 8600-8699."""
+    """A free port in this xdist worker's slice of :data:`PORTS`."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
     width = 25
@@ -97,7 +99,7 @@ def free_port() -> int:
             except OSError:
                 continue
             return port
-    raise RuntimeError("no free port in 8600-8699")
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition", step: float = 0.1):
