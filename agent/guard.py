@@ -28,8 +28,9 @@ through (:func:`end_processes`). The guard ignores SIGTERM itself and exits the 
 **The processes of a job, not just its group.** A job may leave the process group on purpose
 (``setsid``, a daemonising double fork). On Linux the guard is a *child subreaper*
 (``prctl(PR_SET_CHILD_SUBREAPER)``): every process of the job's tree whose parent exits is
-re-parented to the guard instead of to init, so the guard finds them all by walking
-``/proc/<pid>/stat`` parent links from itself, and reaps them. The agent also tags the job's
+re-parented to the guard instead of to init, so the guard finds them all by walking its tree
+(``/proc/<pid>/task/<tid>/children``, quick enough to freeze a process that keeps changing its
+pid even on a busy machine, then ``/proc/<pid>/stat`` parent links), and reaps them. The agent also tags the job's
 environment with a per-job cookie (``QINGLONG_JOB_COOKIE``), which every process of the job
 inherits wherever it goes; the guard — and the agent, after the guard has exited, in case the
 job killed its guard — also ends every process that carries it (the technique of Jenkins'
@@ -130,6 +131,53 @@ def _carries(pid: int, marker: bytes) -> bool:
         return False
 
 
+def _tree(root: int) -> set[int] | None:
+    """The descendants of ``root`` through ``/proc/<pid>/task/<tid>/children``: one small read per
+    process of the tree, fast enough to catch a process that keeps changing its pid (a full
+    ``/proc`` scan on a busy machine takes longer than such a process lives). None where the
+    kernel offers no ``children`` files."""
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            if pid == root:
+                return None
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as handle:
+                    kids = handle.read().split()
+            except FileNotFoundError:
+                if pid == root:
+                    return None
+                continue
+            except OSError:
+                continue
+            for kid in map(int, kids):
+                if kid not in found:
+                    found.add(kid)
+                    todo.append(kid)
+    return found
+
+
+def _freeze_tree(root: int, deadline: float) -> set[int]:
+    """SIGSTOP the descendants of ``root`` (:func:`_tree`) until a walk finds nobody new; the
+    processes frozen. A stopped process cannot fork, and the guard is the job's subreaper, so a
+    process of the tree that keeps changing its pid stays in the tree and is caught here."""
+    frozen: set[int] = set()
+    while time.monotonic() < deadline:
+        tree = _tree(root)
+        if not tree or tree <= frozen:
+            break
+        for pid in tree - frozen:
+            _signal(pid, signal.SIGSTOP)
+        frozen |= tree
+    return frozen
+
+
 def job_processes(root: int | None, cookie: str | None) -> list[int] | None:
     """Live (non-zombie) processes of a job: the descendants of ``root`` through ``/proc`` parent
     links, and every process whose environment carries ``QINGLONG_JOB_COOKIE=cookie`` (which the
@@ -167,19 +215,21 @@ def end_processes(
 ) -> bool:
     """SIGKILL every process of a job (:func:`job_processes`) until none is left.
 
-    Freeze, then kill: each round sends SIGSTOP to every process found and scans again until a
-    scan finds nothing new — a stopped process cannot fork, so a fork storm or a process that
-    keeps changing its pid is caught — then SIGKILL to all of them. ``reap`` (optional) is
-    called between rounds to collect zombies. Returns True once none is left, False after
-    ``timeout`` seconds or where ``/proc`` cannot be read."""
+    Freeze, then kill: each round first freezes ``root``'s tree through its ``children`` files
+    (:func:`_freeze_tree`, fast), then sends SIGSTOP to every process a full scan finds and scans
+    again until a scan finds nothing new — a stopped process cannot fork, so a fork storm or a
+    process that keeps changing its pid is caught — then SIGKILL to all of them. ``reap``
+    (optional) is called between rounds to collect zombies. Returns True once none is left,
+    False after ``timeout`` seconds or where ``/proc`` cannot be read."""
     deadline = time.monotonic() + timeout
     while True:
-        pids = job_processes(root, cookie)
-        if pids is None:
+        frozen = _freeze_tree(root, deadline) if root is not None else set()
+        found = job_processes(root, cookie)
+        if found is None:
             return False
-        if not pids:
+        if not found and not frozen:
             return True
-        frozen: set[int] = set()
+        pids = sorted(set(found) | frozen)
         while pids and not set(pids) <= frozen and time.monotonic() < deadline:
             for pid in set(pids) - frozen:
                 _signal(pid, signal.SIGSTOP)
