@@ -9,6 +9,10 @@ ever active (a partial unique index).
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
+from typing import Any
+
 from django.db import models
 from django.db.models import Q
 
@@ -110,3 +114,18 @@ class RunDispatchLease(models.Model):
 
     def __str__(self) -> str:
         return f"lease {self.attempt_id} g{self.lease_generation}"
+
+
+def lease_from_json(row: dict[str, Any]) -> RunDispatchLease:
+    """A lease instance from ``to_jsonb`` of its row (what the PostgreSQL lease functions return)."""
+    values: dict[str, Any] = {}
+    for field in RunDispatchLease._meta.concrete_fields:
+        value = row[field.column]
+        if value is not None and isinstance(field, models.UUIDField | models.ForeignKey):
+            value = uuid.UUID(value)
+        elif value is not None and isinstance(field, models.DateTimeField):
+            value = datetime.fromisoformat(value)
+        values[field.attname] = value
+    lease = RunDispatchLease(**values)
+    lease._state.adding = False
+    return lease
