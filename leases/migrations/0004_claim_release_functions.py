@@ -68,7 +68,8 @@ BEGIN
         RETURN jsonb_build_object('status', 'orm');
     END IF;
     -- capacity, counted under the worker lock
-    SELECT count(*) INTO active FROM leases_rundispatchlease WHERE session_id = p_session AND state = 'leased';
+    SELECT count(*) INTO active FROM leases_rundispatchlease
+     WHERE session_id = p_session AND state = 'leased';
     free := least(s.max_concurrent_runs, s.available_slots) - active;
     IF free <= 0 THEN
         RETURN jsonb_build_object('status', 'orm');
@@ -76,22 +77,27 @@ BEGIN
     wanted := least(free, cardinality(p_offer_ids));
     -- the placement classes waiting: a loose index scan from a random point, wrapping
     WITH RECURSIVE classes(sha) AS (
-        SELECT min(placement_sha256) FROM runs_runattempt WHERE state = 'claimed' AND placement_sha256 >= p_start
+        SELECT min(placement_sha256) FROM runs_runattempt
+         WHERE state = 'claimed' AND placement_sha256 >= p_start
       UNION ALL
-        SELECT (SELECT min(placement_sha256) FROM runs_runattempt WHERE state = 'claimed' AND placement_sha256 > classes.sha)
+        SELECT (SELECT min(placement_sha256) FROM runs_runattempt
+                 WHERE state = 'claimed' AND placement_sha256 > classes.sha)
           FROM classes WHERE classes.sha IS NOT NULL
     )
     SELECT array_agg(sha) INTO waiting FROM (SELECT sha FROM classes WHERE sha IS NOT NULL LIMIT 256) c;
     IF coalesce(cardinality(waiting), 0) < 256 AND p_start <> '' THEN
         WITH RECURSIVE classes(sha) AS (
-            SELECT min(placement_sha256) FROM runs_runattempt WHERE state = 'claimed' AND placement_sha256 < p_start
+            SELECT min(placement_sha256) FROM runs_runattempt
+             WHERE state = 'claimed' AND placement_sha256 < p_start
           UNION ALL
             SELECT (SELECT min(placement_sha256) FROM runs_runattempt
-                     WHERE state = 'claimed' AND placement_sha256 > classes.sha AND placement_sha256 < p_start)
+                     WHERE state = 'claimed' AND placement_sha256 > classes.sha
+                       AND placement_sha256 < p_start)
               FROM classes WHERE classes.sha IS NOT NULL
         )
         SELECT coalesce(waiting, '{}') || coalesce(array_agg(sha), '{}') INTO waiting
-          FROM (SELECT sha FROM classes WHERE sha IS NOT NULL LIMIT 256 - coalesce(cardinality(waiting), 0)) c;
+          FROM (SELECT sha FROM classes WHERE sha IS NOT NULL
+                 LIMIT 256 - coalesce(cardinality(waiting), 0)) c;
     END IF;
     IF waiting IS NULL OR cardinality(waiting) = 0 THEN
         RETURN jsonb_build_object('status', 'claimed', 'offers', claimed);
@@ -114,7 +120,8 @@ BEGIN
             SELECT h.id, h.run_id, h.priority, h.ready_at, h.placement_sha256, h.run_version
               FROM unnest(probed) AS c(sha)
              CROSS JOIN LATERAL (
-                SELECT at.id, at.run_id, at.priority, at.ready_at, at.placement_sha256, ru.version AS run_version
+                SELECT at.id, at.run_id, at.priority, at.ready_at, at.placement_sha256,
+                       ru.version AS run_version
                   FROM runs_runattempt at JOIN runs_run ru ON ru.id = at.run_id
                  WHERE at.state = 'claimed' AND at.placement_sha256 = c.sha
                    AND (at.lease_expires_at IS NULL OR at.lease_expires_at <= now_)
@@ -241,18 +248,20 @@ BEGIN
         RETURN jsonb_build_object('status', 'orm');
     END IF;
     IF p_renew_by IS NULL THEN
-        IF a.state <> 'claimed' OR r.cancel_requested_at IS NOT NULL OR a.lease_generation <> l.lease_generation THEN
+        IF a.state <> 'claimed' OR r.cancel_requested_at IS NOT NULL
+           OR a.lease_generation <> l.lease_generation THEN
             RETURN jsonb_build_object('status', 'orm');
         END IF;
         UPDATE leases_rundispatchlease
            SET state = 'released', release_reason = 'worker_release', ended_at = now_, version = version + 1
-         WHERE id = l.id AND state = 'leased' AND lease_generation = l.lease_generation AND version = p_version;
+         WHERE id = l.id AND state = 'leased' AND lease_generation = l.lease_generation
+           AND version = p_version;
         IF NOT FOUND THEN RETURN jsonb_build_object('status', 'orm'); END IF;
         INSERT INTO audit_event (created_at, kind, actor_type, actor, worker_id, session_id, run_id,
                                  attempt_id, lease_id, data)
         VALUES (now(), 'lease.released', 'worker', left(w.name, 150), l.worker_id, l.session_id, l.run_id,
-                l.attempt_id, l.id, jsonb_build_object('reason', 'worker_release',
-                                                      'lease_generation', l.lease_generation, 'started', false));
+                l.attempt_id, l.id, jsonb_build_object(
+                    'reason', 'worker_release', 'lease_generation', l.lease_generation, 'started', false));
         UPDATE runs_runattempt
            SET version = version + 1, lease_expires_at = NULL, worker_id = NULL, session_id = NULL
          WHERE id = a.id AND version = a.version AND state = a.state;

@@ -16,7 +16,6 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from actions.sessions.heartbeat import session_heartbeat
-
 from tests.helpers import enqueue, enrolled_worker, make_revision, register, repository_queries
 from tests.leases.flows import claim_one, complete, release, renew, start
 
