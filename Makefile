@@ -37,7 +37,7 @@ test-sqlite: $(VENV)/.dev
 test-postgres: $(VENV)/.dev
 	$(PY) scripts/run_tests.py --only postgres --pg-url $(PG_URL) $(ARGS)
 
-## bench-agent: idle RSS and CPU of the headless agent (budget: < 40 MiB, < 0.5 % of a core)
+## bench-agent: idle RSS and CPU of the headless agent (budget: ≤ 30 MiB, ≤ 0.2 % of a core)
 bench-agent: $(VENV)/.dev
 	$(PY) bench/agent_idle.py $(ARGS)
 
