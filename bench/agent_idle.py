@@ -120,7 +120,8 @@ def main() -> int:
         )
         disabled_threads, disabled_sockets = disabled_agent(worker)
         print(
-            f"disabled agent (QINGLONG_WORKER_ENABLED=0): {disabled_threads} thread(s), {disabled_sockets} socket(s)"
+            f"disabled agent (QINGLONG_WORKER_ENABLED=0): {disabled_threads} thread(s), "
+            f"{disabled_sockets} socket(s)"
         )
         print(
             f"idle_rss_mib={rss / 2**20:.1f} idle_cpu_percent={cpu_percent:.3f} agent_threads={threads} "
