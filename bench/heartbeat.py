@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 from pgdb import ensure_database, pgbench_tps  # noqa: E402  (bench/pgdb.py)
 
-from agent.client import ApiError, Client  # noqa: E402
+from agent.client import ApiError, Client, TransportError  # noqa: E402
 from core.conf import protocol  # noqa: E402  (settings are read when called, after configure_django)
 from protocol import wire  # noqa: E402
 from protocol.ids import uuid7  # noqa: E402
@@ -166,9 +166,13 @@ class BenchWorker:
         return {"sessionId": self.session_id, "generation": self.generation}
 
     def heartbeat(self) -> dict:
-        answer = self.client.post(
-            wire.SESSION_HEARTBEAT, {**self.fence(), "expectedVersion": self.version, "availableSlots": 1}
-        )
+        body = {**self.fence(), "expectedVersion": self.version, "availableSlots": 1}
+        try:
+            answer = self.client.post(wire.SESSION_HEARTBEAT, body)
+        except (
+            TransportError
+        ):  # the server closed an idle keep-alive connection: once more, as the agent does
+            answer = self.client.post(wire.SESSION_HEARTBEAT, body)
         self.version = answer["version"]
         return answer
 
