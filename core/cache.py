@@ -14,7 +14,7 @@ Behaviour, keys and commands are Django's own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.core.cache.backends.redis import RedisCache as DjangoRedisCache
 from django.core.cache.backends.redis import RedisCacheClient as DjangoRedisCacheClient
@@ -46,10 +46,11 @@ class RedisCacheClient(DjangoRedisCacheClient):
         return None if result < 0 else result
 
     def get_client(self, key: Any = None, *, write: bool = False) -> Any:
-        index = self._get_connection_pool_index(write)
+        index = self._get_connection_pool_index(write)  # type: ignore[attr-defined]
         client = self._clients.get(index)
         if client is None:
-            client = self._clients[index] = self._client(connection_pool=self._get_connection_pool(write))
+            pool = self._get_connection_pool(write)  # type: ignore[attr-defined]
+            client = self._clients[index] = self._client(connection_pool=pool)  # type: ignore[attr-defined]
         return client
 
 
@@ -67,6 +68,7 @@ class RedisCache(DjangoRedisCache):
         Returns None when ``add_key`` already existed (nothing counted), else the new count.
         Keys are cache keys (prefixed and versioned here, as every cache call does).
         """
-        return self._cache.add_and_count(
+        client = cast(RedisCacheClient, self._cache)  # built from self._class, set above
+        return client.add_and_count(
             self.make_and_validate_key(add_key), add_ttl, self.make_and_validate_key(count_key), count_ttl
         )

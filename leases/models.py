@@ -132,7 +132,7 @@ def lease_from_json(row: dict[str, Any]) -> RunDispatchLease:
     """A lease instance from ``to_jsonb`` of its row (what the PostgreSQL lease functions return)."""
     values: dict[str, Any] = {}
     for field in RunDispatchLease._meta.concrete_fields:
-        value = row[field.column]
+        value = row[field.attname]  # attname = column for every lease field
         if value is not None and isinstance(field, models.UUIDField | models.ForeignKey):
             value = uuid.UUID(value)
         elif value is not None and isinstance(field, models.DateTimeField):

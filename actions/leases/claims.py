@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import rfc8785
 from django.db import connection
@@ -474,32 +475,30 @@ def _claim_in_database(
         scores = _class_scores.get(caps[0], {})
         allowed = [sha for sha, score in scores.items() if score is not None]
         with connection.cursor() as cursor:
-            cursor.execute(
-                _CLAIM_SQL,
-                [
-                    worker_id,
-                    session_id,
-                    generation,
-                    [o.offer_id for o in offers],
-                    digests,
-                    lease_ids,
-                    list(scores),
-                    allowed,
-                    [scores[sha] for sha in allowed],
-                    list(k for k, v in _templates.items() if v is not None),
-                    list(v for v in _templates.values() if v is not None),
-                    secrets.token_hex(2),
-                    timedelta(seconds=settings.dispatch_timeout_seconds),
-                    timedelta(seconds=settings.dispatch_hold_seconds),
-                    CLAIM_MAX_CLASSES,
-                    CLAIM_MAX_PAGES,
-                    CLAIM_FIRST_PAGE,
-                    QUEUE_PAGE,
-                    str(_RUN_MARKER),
-                    str(_ATTEMPT_MARKER),
-                    str(_NUMBER_MARKER),
-                ],
-            )
+            params: list[Any] = [
+                worker_id,
+                session_id,
+                generation,
+                [o.offer_id for o in offers],
+                digests,
+                lease_ids,
+                list(scores),
+                allowed,
+                [scores[sha] for sha in allowed],
+                list(k for k, v in _templates.items() if v is not None),
+                list(v for v in _templates.values() if v is not None),
+                secrets.token_hex(2),
+                timedelta(seconds=settings.dispatch_timeout_seconds),
+                timedelta(seconds=settings.dispatch_hold_seconds),
+                CLAIM_MAX_CLASSES,
+                CLAIM_MAX_PAGES,
+                CLAIM_FIRST_PAGE,
+                QUEUE_PAGE,
+                str(_RUN_MARKER),
+                str(_ATTEMPT_MARKER),
+                str(_NUMBER_MARKER),
+            ]
+            cursor.execute(_CLAIM_SQL, params)
             answer = cursor.fetchone()[0]
         if isinstance(answer, str):
             answer = json.loads(answer)

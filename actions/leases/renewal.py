@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection
 
@@ -168,19 +169,17 @@ def _in_database(
     """
     digest = token_digest(lease_token, worker_id=worker_id)
     with connection.cursor() as cursor:
-        cursor.execute(
-            _RELEASE_SQL,
-            [
-                worker_id,
-                session_id,
-                generation,
-                attempt_id,
-                lease_generation,
-                digest,
-                lease_version,
-                renew_by,
-            ],
-        )
+        params: list[Any] = [
+            worker_id,
+            session_id,
+            generation,
+            attempt_id,
+            lease_generation,
+            digest,
+            lease_version,
+            renew_by,
+        ]
+        cursor.execute(_RELEASE_SQL, params)
         answer = cursor.fetchone()[0]
     if isinstance(answer, str):
         answer = json.loads(answer)

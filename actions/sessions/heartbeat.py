@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from django.db import connection
 from django.db.models import F
@@ -168,9 +169,9 @@ def _heartbeat_write(
     return SessionView(session=session, server_time=now)
 
 
-_SESSION_COLUMNS = [field.column for field in WorkerSession._meta.concrete_fields]
+_SESSION_COLUMNS = [str(field.column) for field in WorkerSession._meta.concrete_fields]
 _SESSION_ATTNAMES = [field.attname for field in WorkerSession._meta.concrete_fields]
-_WORKER_COLUMNS = [field.column for field in Worker._meta.concrete_fields]
+_WORKER_COLUMNS = [str(field.column) for field in Worker._meta.concrete_fields]
 
 #: The heartbeat in one round trip (PostgreSQL). ``cur`` reads the worker, its session and the
 #: database clock from one snapshot; ``upd`` writes only when the write rule asks for it and only
@@ -232,7 +233,7 @@ def _heartbeat_statement(
     (the row changed meanwhile) is ``session_version_conflict``.
     """
     ttl = session_lease_ttl()
-    params = {
+    params: dict[str, Any] = {
         "worker": worker_id,
         "session": session_id,
         "generation": generation,
