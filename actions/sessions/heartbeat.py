@@ -229,8 +229,9 @@ def _heartbeat_statement(
     The fence is checked in Python on the row the statement read (same codes, same order); the
     statement's write carries the same fence in its ``WHERE``, so a refused heartbeat never
     writes. The effective slots (0 while draining) are computed in SQL from the row's state.
-    Raises the codes of :func:`session_heartbeat`; a write the rule asked for that missed
-    (the row changed meanwhile) is ``session_version_conflict``.
+    Raises the codes of :func:`session_heartbeat`. A write the rule asked for that missed (the
+    row changed meanwhile) is retried by the locked path, ``_heartbeat_write``, which re-fences
+    under the worker lock.
     """
     ttl = session_lease_ttl()
     params: dict[str, Any] = {
@@ -268,15 +269,23 @@ def _heartbeat_statement(
             field="availableSlots",
         )
     version, slots, expires, cancel_requested = row[_WORKER_END + 1 :]
+    view = SessionView(session=session, server_time=now)
     if version is not None:
         session.version, session.available_slots, session.lease_expires_at = version, slots, expires
     elif _heartbeat_needs_write(session, available_slots, now):
-        raise DomainError(
-            "session_version_conflict", "the session changed under the heartbeat", field="expectedVersion"
+        # The row changed between the read and the write (a replacement, a drain, another
+        # heartbeat): the locked path decides, exactly as before — it re-fences under the worker
+        # lock (``session_superseded``, ``session_version_conflict``, …) or writes.
+        view = _heartbeat_write(
+            worker_id=worker_id,
+            session_id=session_id,
+            generation=generation,
+            expected_version=expected_version,
+            available_slots=available_slots,
         )
     return SessionView(
-        session=session,
-        server_time=now,
+        session=view.session,
+        server_time=view.server_time,
         cancel_requested=tuple(cancel_requested),
         rotation_required=worker.rotation_required,
     )

@@ -7,6 +7,20 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
+def restore_constraints(apps, schema_editor):
+    """Re-create any constraint of the lease the field changes above dropped with the FK index.
+
+    On PostgreSQL, ``AlterField(db_index=False)`` drops every single-column index on the column,
+    and the partial unique index ``one_active_lease_per_attempt`` (attempt WHERE leased) is one.
+    """
+    model = apps.get_model("leases", "RunDispatchLease")
+    with schema_editor.connection.cursor() as cursor:
+        existing = schema_editor.connection.introspection.get_constraints(cursor, model._meta.db_table)
+    for constraint in model._meta.constraints:
+        if constraint.name not in existing:
+            schema_editor.add_constraint(model, constraint)
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("leases", "0004_claim_release_functions"),
@@ -54,4 +68,5 @@ class Migration(migrations.Migration):
             model_name="rundispatchlease",
             constraint=models.UniqueConstraint(fields=("token_digest",), name="lease_token_digest_unique"),
         ),
+        migrations.RunPython(restore_constraints, migrations.RunPython.noop),
     ]
