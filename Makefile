@@ -37,15 +37,16 @@ test-sqlite: $(VENV)/.dev
 test-postgres: $(VENV)/.dev
 	$(PY) scripts/run_tests.py --only postgres --pg-url $(PG_URL) $(ARGS)
 
-## bench-agent: idle RSS and CPU of the headless agent (budget: < 40 MiB, < 0.5 % of a core)
+## bench-agent: idle RSS and CPU of the headless agent (budget: ≤ 30 MiB, ≤ 0.2 % of a core)
 bench-agent: $(VENV)/.dev
 	$(PY) bench/agent_idle.py $(ARGS)
 
-## bench-claim: claims/s, p50/p99 claim latency (1/4/16 claimers, 1k/100k backlog) next to pgbench
+## bench-claim: claims/s, p50/p99 claim latency (1/4/16 claimers, 1k/100k backlog), signed-HTTP claim+complete
+## loops (16 workers) and pgbench, all in one run
 ## on PostgreSQL; wipes the QingLong tables of $(BENCH_PG_URL) (created if missing)
 BENCH_PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong_bench
 bench-claim: $(VENV)/.dev
-	$(PY) bench/claim.py --pg-url $(BENCH_PG_URL)
+	$(PY) bench/claim.py --pg-url $(BENCH_PG_URL) $(ARGS)
 
 ## lint: style (ruff check, ruff format --check), the layer contracts (import-linter), types (mypy)
 lint: $(VENV)/.dev
@@ -57,7 +58,7 @@ lint: $(VENV)/.dev
 clean:
 	rm -rf $(VENV) var .pytest_cache .hypothesis
 
-## bench-heartbeat: heartbeats/s over HTTP and WAL bytes per unchanged heartbeat vs a naive update
+## bench-heartbeat: heartbeats/s over signed HTTP next to pgbench, WAL bytes per unchanged heartbeat vs a naive update
 ## (migrates the PostgreSQL database at BENCH_PG_URL, the benchmarks' own database)
 bench-heartbeat: $(VENV)/.dev
 	$(PY) bench/heartbeat.py --pg-url $(BENCH_PG_URL) $(ARGS)

@@ -21,12 +21,10 @@ import sys
 from pathlib import Path
 from typing import cast
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from protocol import messages as m
 from protocol import wire
 from protocol.errors import ProtocolError
-from protocol.signing import public_key_text
+from protocol.signer import WorkerKey
 
 from . import __version__
 from .calls import Stop
@@ -90,10 +88,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _enroll(args: argparse.Namespace, state: StateDir) -> int:
-    key = Ed25519PrivateKey.generate()
+    key = WorkerKey.generate()
     body: m.Enroll = {
         "token": args.token,
-        "publicKey": public_key_text(key.public_key()),
+        "publicKey": key.public_key_text(),
         "agentVersion": __version__,
     }
     if args.worker:

@@ -2,7 +2,7 @@
 
 One keep-alive connection per thread (the heartbeat timer, the claim loop and each attempt
 runner talk independently, so a slow call in one never delays another's). Every request is
-signed with the worker's key under the RFC 9421 profile of ``protocol.signing``. Errors:
+signed with the worker's key under the RFC 9421 profile (``protocol.signer``, PyNaCl). Errors:
 
 * :class:`ApiError` — the server answered with a JSON error (``code``, ``message``, ``field``);
 * :class:`TransportError` — no answer (connection refused/reset, timeout, non-JSON body).
@@ -20,9 +20,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-from protocol.signing import sign_request
+from protocol.signer import Signer, sign_request
 from protocol.strictjson import dumps
 
 #: Seconds before one request gives up by default, and the most ``--timeout`` may set.
@@ -61,7 +59,7 @@ class Client:
         server: str,
         *,
         key_id: str | None = None,
-        key: Ed25519PrivateKey | None = None,
+        key: Signer | None = None,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         parts = urlsplit(server)
@@ -78,7 +76,7 @@ class Client:
         self.clock_offset = 0.0
         self._local = threading.local()
 
-    def with_key(self, key_id: str, key: Ed25519PrivateKey) -> Client:
+    def with_key(self, key_id: str, key: Signer) -> Client:
         """A client for the same server signing with another key (used by key rotation)."""
         rotated = Client(
             f"{self.scheme}://{self.host}{':' + str(self.port) if self.port else ''}{self.base_path}",

@@ -10,11 +10,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, cast
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from protocol import messages as m
 from protocol import wire
-from protocol.signing import public_key_text
+from protocol.signer import WorkerKey
 
 from .state import Credential
 
@@ -37,8 +35,8 @@ def rotate_key(agent: Agent) -> str:
     (``credential_superseded``), TransportError when the control plane stayed unreachable for
     ``ROTATE_PATIENCE`` seconds.
     """
-    new_key = Ed25519PrivateKey.generate()
-    body: m.Rotate = {"publicKey": public_key_text(new_key.public_key())}
+    new_key = WorkerKey.generate()
+    body: m.Rotate = {"publicKey": new_key.public_key_text()}
     answer = cast(m.RotateAnswer, agent.call(wire.ROTATE_KEY, body, patience=ROTATE_PATIENCE))
     old = agent.credential
     agent.credential = Credential(old.server, old.workerId, old.workerName, answer["credentialId"])

@@ -19,13 +19,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    load_pem_private_key,
-)
+from protocol.signer import WorkerKey
 
 
 def default_state_dir() -> Path:
@@ -76,18 +70,18 @@ class StateDir:
     def key_path(self, credential_id: str) -> Path:
         return self.path / f"key-{credential_id}.pem"
 
-    def save(self, credential: Credential, key: Ed25519PrivateKey) -> None:
+    def save(self, credential: Credential, key: WorkerKey) -> None:
         """Store a credential and its key; older key files are removed afterwards."""
         _write_private(
             self.key_path(credential.credentialId),
-            key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()),
+            key.to_pem(),
         )
         _write_private(self.credential_path, json.dumps(asdict(credential), indent=2).encode())
         for stale in self.path.glob("key-*.pem"):
             if stale != self.key_path(credential.credentialId):
                 stale.unlink(missing_ok=True)
 
-    def load(self) -> tuple[Credential, Ed25519PrivateKey]:
+    def load(self) -> tuple[Credential, WorkerKey]:
         """Return the credential and key. Raises StateError if not enrolled or not private."""
         if not self.credential_path.exists():
             raise StateError(
@@ -103,7 +97,8 @@ class StateDir:
         mode = key_path.stat().st_mode & 0o777
         if mode & 0o077:
             raise StateError(f"{key_path} is readable by others (mode {mode:o}); chmod 600 it")
-        key = load_pem_private_key(key_path.read_bytes(), password=None)
-        if not isinstance(key, Ed25519PrivateKey):
-            raise StateError(f"{key_path} is not an Ed25519 key")
+        try:
+            key = WorkerKey.from_pem(key_path.read_bytes())
+        except ValueError:
+            raise StateError(f"{key_path} is not an unencrypted PKCS #8 Ed25519 key") from None
         return credential, key

@@ -20,7 +20,7 @@ from django.core.cache import cache
 from rest_framework.authentication import BaseAuthentication
 
 from actions.nonces import nonce_record
-from api.ratelimit import by_address, client_address, enforce
+from api.ratelimit import by_address, client_address, enforce, worker_counter
 from core.conf import protocol
 from core.errors import DomainError
 from protocol.errors import ProtocolError
@@ -52,6 +52,26 @@ def nonce_accept(*, key_id: str, nonce: str, window_seconds: int) -> None:
         accepted = nonce_record(key=key, ttl_seconds=2 * window_seconds)
     if not accepted:
         raise ProtocolError("signature_replayed", "this signature nonce was already used")
+
+
+def nonce_accept_and_count(*, key_id: str, nonce: str, window_seconds: int, worker_id: str, raw) -> bool:
+    """Shared cache only: accept the nonce and count the worker's request in one Redis round trip.
+
+    The nonce is kept as :func:`nonce_accept` keeps it; only when it is fresh is the request
+    counted into the worker's rate-limit window (``api.ratelimit.worker_counter``, the counter
+    ``WorkerAPIView`` would otherwise count with ``enforce``), and the usage is left on ``raw``
+    for ``WorkerAPIView.initial`` to judge. Returns False (nothing done) when the cache offers no
+    combined call. Raises ProtocolError ``signature_replayed``.
+    """
+    add_and_count = getattr(cache, "add_and_count", None)
+    if add_and_count is None or not cache_is_shared():
+        return False
+    counter, lifetime, limit, window = worker_counter(worker_id, protocol().rate_worker)
+    count = add_and_count(_NONCE_KEY.format(key_id, nonce), 2 * window_seconds, counter, lifetime)
+    if count is None:
+        raise ProtocolError("signature_replayed", "this signature nonce was already used")
+    raw.worker_usage = {"count": count, "limit": limit, "time_left": window - int(time.time())}
+    return True
 
 
 # --- the DRF authentication class ------------------------------------------------------------------
@@ -119,9 +139,17 @@ class WorkerSignatureAuthentication(BaseAuthentication):
             resolve_key=resolve_key,
         )
         # Remember the nonce only after the signature verified, so forged requests cannot burn
-        # a worker's nonces.
-        nonce_accept(key_id=signed.key_id, nonce=signed.nonce, window_seconds=window)
-        return resolved["principal"], signed
+        # a worker's nonces. With Redis, the worker's rate-limit count rides the same round trip.
+        principal = resolved["principal"]
+        if not nonce_accept_and_count(
+            key_id=signed.key_id,
+            nonce=signed.nonce,
+            window_seconds=window,
+            worker_id=str(principal.worker_id),
+            raw=raw,
+        ):
+            nonce_accept(key_id=signed.key_id, nonce=signed.nonce, window_seconds=window)
+        return principal, signed
 
     def authenticate_header(self, request) -> str:
         return 'Signature realm="qinglong-worker", alg="ed25519"'

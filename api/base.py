@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 from accounts.models import ApiToken
 from accounts.roles import role_of, token_allows
 from api.auth import WorkerSignatureAuthentication
-from api.ratelimit import enforce
+from api.ratelimit import WORKER_GROUP, enforce
 from core.conf import protocol
 from core.errors import DomainError
 from protocol.wire import DEFAULT_BODY_LIMIT
@@ -161,13 +161,22 @@ class WorkerAPIView(APIView):
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         principal = self.principal
-        enforce(
-            request,
-            group="worker-api",
-            key=lambda group, req: str(principal.worker_id),
-            rate=protocol().rate_worker,
-            message="too many requests from this worker",
-        )
+        usage = getattr(request._request, "worker_usage", None)  # counted with the nonce (api.auth)
+        if usage is not None:
+            if usage["count"] > usage["limit"]:
+                raise DomainError(
+                    "rate_limited",
+                    "too many requests from this worker",
+                    retry_after=max(1, usage["time_left"]),
+                )
+        else:
+            enforce(
+                request,
+                group=WORKER_GROUP,
+                key=lambda group, req: str(principal.worker_id),
+                rate=protocol().rate_worker,
+                message="too many requests from this worker",
+            )
         check_principal_binding(principal, request, kwargs)
 
     @property

@@ -18,7 +18,8 @@ import ipaddress
 from collections.abc import Callable
 
 from django.conf import settings
-from django_ratelimit.core import get_usage
+from django_ratelimit import ALL
+from django_ratelimit.core import EXPIRATION_FUDGE, _get_window, _make_cache_key, _split_rate, get_usage
 
 from core.errors import DomainError
 
@@ -54,3 +55,24 @@ def enforce(
     usage = get_usage(request, group=group, key=key, rate=rate, increment=increment)
     if usage and usage["should_limit"]:
         raise DomainError("rate_limited", message, retry_after=max(1, usage["time_left"]))
+
+
+#: The per-worker limit of every worker endpoint (``api.base.WorkerAPIView``).
+WORKER_GROUP = "worker-api"
+
+
+def worker_counter(worker_id: str, rate: str) -> tuple[str, int, int, int]:
+    """django-ratelimit's counter for ``worker_id`` in :data:`WORKER_GROUP` now, as ``get_usage``
+    would name it: (cache key, counter lifetime in seconds, limit, end of the window in unix s).
+
+    For counting it together with the nonce in one Redis round trip (``api.auth``); the counter is
+    the very one :func:`enforce` reads, so both paths count into the same window.
+    """
+    limit, period = _split_rate(rate)
+    window = _get_window(worker_id, period)
+    return (
+        _make_cache_key(WORKER_GROUP, window, rate, worker_id, ALL),
+        period + EXPIRATION_FUDGE,
+        limit,
+        window,
+    )

@@ -2,9 +2,11 @@
 
 Starts a throwaway control plane (``manage.py serve`` on a temporary SQLite file), enrolls a
 worker, runs ``qinglong-worker run`` with nothing to do, lets it settle, then samples the agent
-process with psutil for ``--seconds``. Budget: idle RSS under 40 MiB and idle CPU
-under 0.5 % of one core. Last line, machine-readable:
-``agent_idle_rss_mib=<n> agent_idle_cpu_percent=<n> agent_threads=<n>``.
+process with psutil for ``--seconds``. Budget: idle RSS at most 30 MiB and idle CPU at most
+0.2 % of one core (issue 13; docs/performance.md). It also starts an agent with no worker profile
+(``QINGLONG_WORKER_ENABLED=0``) and reports its threads and sockets, which must both stay at
+their minimum (one thread, no socket). Last line, machine-readable:
+``idle_rss_mib=<n> idle_cpu_percent=<n> agent_threads=<n> disabled_threads=<n> disabled_sockets=<n>``.
 
     make bench-agent            # or: .venv/bin/python bench/agent_idle.py --seconds 30
 """
@@ -24,6 +26,27 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def disabled_agent(worker: list[str]) -> tuple[int, int]:
+    """Threads and sockets of ``run`` with the worker profile disabled, once it has settled."""
+    process = subprocess.Popen(
+        [*worker, "run"],
+        cwd=ROOT,
+        env={**os.environ, "QINGLONG_WORKER_ENABLED": "0"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(2.0)
+        if process.poll() is not None:  # a disabled agent may also just exit: nothing runs at all
+            return 0, 0
+        sampled = psutil.Process(process.pid)
+        return sampled.num_threads(), len(sampled.net_connections(kind="all"))
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(30)
 
 
 def main() -> int:
@@ -92,12 +115,17 @@ def main() -> int:
             f"CPU {used * 1000:.0f} ms = {cpu_percent:.3f} % of one core, {threads} threads"
         )
         print(
-            f"budget: RSS < 40 MiB {'met' if rss < 40 * 2**20 else 'MISSED'}, "
-            f"CPU < 0.5 % {'met' if cpu_percent < 0.5 else 'MISSED'}"
+            f"budget: RSS ≤ 30 MiB {'met' if rss <= 30 * 2**20 else 'MISSED'}, "
+            f"CPU ≤ 0.2 % {'met' if cpu_percent <= 0.2 else 'MISSED'}"
+        )
+        disabled_threads, disabled_sockets = disabled_agent(worker)
+        print(
+            f"disabled agent (QINGLONG_WORKER_ENABLED=0): {disabled_threads} thread(s), "
+            f"{disabled_sockets} socket(s)"
         )
         print(
-            f"agent_idle_rss_mib={rss / 2**20:.1f} agent_idle_cpu_percent={cpu_percent:.3f} "
-            f"agent_threads={threads}"
+            f"idle_rss_mib={rss / 2**20:.1f} idle_cpu_percent={cpu_percent:.3f} agent_threads={threads} "
+            f"disabled_threads={disabled_threads} disabled_sockets={disabled_sockets}"
         )
         return 0
     finally:

@@ -30,17 +30,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import django
 from django.core.management import call_command
-from pgdb import admin_connect, dbname, ensure_database  # bench/pgdb.py
-from psycopg import sql
+from pgdb import dbname, ensure_database, pgbench_tps  # bench/pgdb.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -66,43 +62,6 @@ def setup_django(url: str) -> None:
     django.setup()
 
 
-# --- pgbench -------------------------------------------------------------------------------------
-
-
-def pgbench_tps(url: str, seconds: int, clients: int) -> float:
-    if shutil.which("pgbench") is None:
-        raise SystemExit("pgbench is not installed (apt-get install postgresql-client)")
-    name = dbname(url) + "_pgbench"
-    parts = urlsplit(url)
-    env = {
-        **os.environ,
-        "PGHOST": parts.hostname or "127.0.0.1",
-        "PGPORT": str(parts.port or 5432),
-        "PGUSER": parts.username or "postgres",
-    }
-    if parts.password:
-        env["PGPASSWORD"] = parts.password
-    with admin_connect(url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        subprocess.run(["pgbench", "-i", "-q", "-s", "10", name], env=env, check=True, capture_output=True)
-        done = subprocess.run(
-            ["pgbench", "-c", str(clients), "-j", str(clients), "-T", str(seconds), name],
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-    finally:
-        with admin_connect(url) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", done.stdout)
-    if match is None:
-        raise SystemExit(f"could not read pgbench's tps from:\n{done.stdout}")
-    return float(match.group(1))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -110,6 +69,9 @@ def main() -> int:
     )
     parser.add_argument("--seconds", type=float, default=5.0, help="measurement per (backlog, concurrency)")
     parser.add_argument("--pgbench-seconds", type=int, default=10)
+    parser.add_argument(
+        "--http-backlog", type=int, default=20_000, help="runs for the HTTP loops (each completes one)"
+    )
     args = parser.parse_args()
     if not args.pg_url.startswith(("postgres://", "postgresql://")):
         raise SystemExit("the claim benchmark runs on PostgreSQL only")
@@ -117,6 +79,7 @@ def main() -> int:
     ensure_database(args.pg_url)
     setup_django(args.pg_url)
     import claim_measure  # noqa: PLC0415  (it imports Django models: only after django.setup())
+    import http_claims  # noqa: PLC0415  (the same)
 
     call_command("migrate", verbosity=0)
     print(
@@ -138,13 +101,32 @@ def main() -> int:
                 f"p99 {result.p99_ms:7.2f} ms   ({result.claims} claims, {result.empty} empty)",
                 flush=True,
             )
-    tps = pgbench_tps(args.pg_url, args.pgbench_seconds, max(CONCURRENCY))
-    print(f"pgbench TPC-B-like, scale 10, {max(CONCURRENCY)} clients, {args.pgbench_seconds}s: {tps:.1f} tps")
+    clients = max(CONCURRENCY)
+    print(
+        f"signed HTTP, manage.py serve (cluster-control), {clients} workers: "
+        "claim → starting → running → complete"
+    )
+    http = http_claims.measure(args.pg_url, clients=clients, seconds=args.seconds, backlog=args.http_backlog)
+    print(
+        f"  c={clients} loops/s {http.per_second:8.1f}   p50 {http.p50_ms:7.2f} ms   "
+        f"p99 {http.p99_ms:7.2f} ms   "
+        f"({http.loops} loops, {http.empty} empty claims; 4 signed calls per loop)",
+        flush=True,
+    )
+    tps = pgbench_tps(args.pg_url, args.pgbench_seconds, clients)
+    print(f"pgbench TPC-B-like, scale 10, {clients} clients, {args.pgbench_seconds}s: {tps:.1f} tps")
     big, small = figures[(BACKLOGS[1], 16)], figures[(BACKLOGS[0], 16)]
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"ratios to pgbench: in-process c16 100k {big.per_second / tps:.3f}x (target 0.25x), "
+        f"1k {small.per_second / tps:.3f}x; 100k/1k {big.per_second / small.per_second:.2f} (target ≥ 0.90); "
+        f"HTTP loops {http.per_second / tps:.3f}x (target 0.06x); load average {load}"
+    )
     print(
         f"claims_per_s_c16_{_label(BACKLOGS[1])}={big.per_second:.1f} "
+        f"claims_per_s_c16_{_label(BACKLOGS[0])}={small.per_second:.1f} "
         f"claim_p99_ms_c16_{_label(BACKLOGS[1])}={big.p99_ms:.2f} "
-        f"claims_per_s_c16_{_label(BACKLOGS[0])}={small.per_second:.1f} pgbench_tps={tps:.1f}"
+        f"http_claim_loops_per_s_c16={http.per_second:.1f} pgbench_tps={tps:.1f}"
     )
     return 0
 

@@ -34,7 +34,10 @@ the raw LSN deltas are printed beside it. Without ``pg_walinspect`` the raw delt
 
 The last line is machine-readable::
 
-    heartbeats_per_s=<n> wal_bytes_per_unchanged_heartbeat=<n> wal_bytes_naive_update=<n>
+    heartbeats_per_s=<n> pgbench_tps=<n> wal_bytes_per_unchanged_heartbeat=<n> wal_bytes_naive_update=<n>
+
+``pgbench_tps`` is pgbench's TPC-B-like script (scale 10, 16 clients) on the same server in the
+same run (``bench/pgdb.py``), so that the heartbeat rate can be read as a ratio.
 """
 
 from __future__ import annotations
@@ -62,9 +65,9 @@ from django.core.management import call_command
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pgdb import ensure_database  # noqa: E402  (bench/pgdb.py)
+from pgdb import ensure_database, pgbench_tps  # noqa: E402  (bench/pgdb.py)
 
-from agent.client import ApiError, Client  # noqa: E402
+from agent.client import ApiError, Client, TransportError  # noqa: E402
 from core.conf import protocol  # noqa: E402  (settings are read when called, after configure_django)
 from protocol import wire  # noqa: E402
 from protocol.ids import uuid7  # noqa: E402
@@ -163,9 +166,13 @@ class BenchWorker:
         return {"sessionId": self.session_id, "generation": self.generation}
 
     def heartbeat(self) -> dict:
-        answer = self.client.post(
-            wire.SESSION_HEARTBEAT, {**self.fence(), "expectedVersion": self.version, "availableSlots": 1}
-        )
+        body = {**self.fence(), "expectedVersion": self.version, "availableSlots": 1}
+        try:
+            answer = self.client.post(wire.SESSION_HEARTBEAT, body)
+        except (
+            TransportError
+        ):  # the server closed an idle keep-alive connection: once more, as the agent does
+            answer = self.client.post(wire.SESSION_HEARTBEAT, body)
         self.version = answer["version"]
         return answer
 
@@ -346,6 +353,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8, help="workers sending heartbeats at once")
     parser.add_argument("--wal-heartbeats", type=int, default=400, help="heartbeats in the WAL measurement")
     parser.add_argument("--profile", choices=["standalone", "cluster-control"], default="cluster-control")
+    parser.add_argument("--pgbench-seconds", type=int, default=10, help="pgbench in the same run")
     parser.add_argument(
         "--port", type=int, default=None, help="serve here (default: the first free of 8300-8399)"
     )
@@ -425,10 +433,18 @@ def main() -> int:
                 worker.client.post(
                     wire.SESSION_OFFLINE, {**worker.fence(), "expectedVersion": worker.version}
                 )
-            except ApiError as exc:
-                say(f"offline refused: {exc}")
+            except (ApiError, TransportError) as exc:  # pgbench ran meanwhile: idle connections closed
+                say(f"offline not answered: {exc}")
+        tps = pgbench_tps(args.pg_url, args.pgbench_seconds, 16)
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        say(f"pgbench TPC-B-like, scale 10, 16 clients, {args.pgbench_seconds}s, same run: {tps:.1f} tps")
+        say(
+            f"ratios: heartbeats/s to pgbench {rate / tps:.3f}x (target 0.15x); WAL of an unchanged "
+            f"heartbeat to a naive update {per_beat / per_naive:.3f} (target ≤ 0.3); load average {load}"
+        )
         print(
-            f"heartbeats_per_s={rate:.0f} wal_bytes_per_unchanged_heartbeat={per_beat:.0f} "
+            f"heartbeats_per_s={rate:.0f} pgbench_tps={tps:.1f} "
+            f"wal_bytes_per_unchanged_heartbeat={per_beat:.0f} "
             f"wal_bytes_naive_update={per_naive:.0f}",
             flush=True,
         )

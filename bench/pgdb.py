@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
 from urllib.parse import urlsplit
 
 import psycopg
@@ -32,3 +36,39 @@ def ensure_database(url: str) -> None:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname(url),)).fetchone()
         if not exists:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname(url))))
+
+
+def pgbench_tps(url: str, seconds: int, clients: int) -> float:
+    """``pgbench``'s built-in TPC-B-like script (scale 10, ``clients`` clients and threads) against
+    the server of ``url``, in its own database ``<name>_pgbench``, created and dropped here."""
+    if shutil.which("pgbench") is None:
+        raise SystemExit("pgbench is not installed (apt-get install postgresql-client)")
+    name = dbname(url) + "_pgbench"
+    parts = urlsplit(url)
+    env = {
+        **os.environ,
+        "PGHOST": parts.hostname or "127.0.0.1",
+        "PGPORT": str(parts.port or 5432),
+        "PGUSER": parts.username or "postgres",
+    }
+    if parts.password:
+        env["PGPASSWORD"] = parts.password
+    with admin_connect(url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        subprocess.run(["pgbench", "-i", "-q", "-s", "10", name], env=env, check=True, capture_output=True)
+        done = subprocess.run(
+            ["pgbench", "-c", str(clients), "-j", str(clients), "-T", str(seconds), name],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        with admin_connect(url) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", done.stdout)
+    if match is None:
+        raise SystemExit(f"could not read pgbench's tps from:\n{done.stdout}")
+    return float(match.group(1))

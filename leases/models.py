@@ -9,6 +9,10 @@ ever active (a partial unique index).
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
+from typing import Any
+
 from django.db import models
 from django.db.models import Q
 
@@ -34,14 +38,25 @@ class ReleaseReason(models.TextChoices):
 
 class RunDispatchLease(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    attempt = models.ForeignKey("runs.RunAttempt", on_delete=models.PROTECT, related_name="leases")
+    # No single-column indexes on attempt, worker and session: the unique (attempt, generation),
+    # (worker, offer id) and the (session, state) indexes lead with them, and each index less is
+    # one entry less to write per claim and release (docs/performance.md).
+    attempt = models.ForeignKey(
+        "runs.RunAttempt", on_delete=models.PROTECT, related_name="leases", db_index=False
+    )
     run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="leases")
-    worker = models.ForeignKey("workers.Worker", on_delete=models.PROTECT, related_name="leases")
-    session = models.ForeignKey("workers.WorkerSession", on_delete=models.PROTECT, related_name="leases")
+    worker = models.ForeignKey(
+        "workers.Worker", on_delete=models.PROTECT, related_name="leases", db_index=False
+    )
+    session = models.ForeignKey(
+        "workers.WorkerSession", on_delete=models.PROTECT, related_name="leases", db_index=False
+    )
     session_generation = models.PositiveBigIntegerField(editable=False)
     lease_generation = models.PositiveIntegerField(editable=False)
     offer_id = models.UUIDField(editable=False)
-    token_digest = models.CharField(max_length=64, unique=True, editable=False)
+    #: Unique by a constraint (lease_token_digest_unique), which adds no ``varchar_pattern_ops``
+    #: index on PostgreSQL as ``unique=True`` would: the digest is only ever compared whole.
+    token_digest = models.CharField(max_length=64, editable=False)
     version = models.PositiveIntegerField(default=0, editable=False)
     state = models.CharField(
         max_length=16, choices=LeaseState.choices, default=LeaseState.LEASED, editable=False
@@ -67,6 +82,7 @@ class RunDispatchLease(models.Model):
             ),
             models.UniqueConstraint(fields=["attempt", "lease_generation"], name="lease_generation_unique"),
             models.UniqueConstraint(fields=["worker", "offer_id"], name="lease_offer_unique"),
+            models.UniqueConstraint(fields=["token_digest"], name="lease_token_digest_unique"),
             models.CheckConstraint(
                 condition=~Q(state=LeaseState.RELEASED) | ~Q(release_reason=""),
                 name="released_lease_has_reason",
@@ -110,3 +126,18 @@ class RunDispatchLease(models.Model):
 
     def __str__(self) -> str:
         return f"lease {self.attempt_id} g{self.lease_generation}"
+
+
+def lease_from_json(row: dict[str, Any]) -> RunDispatchLease:
+    """A lease instance from ``to_jsonb`` of its row (what the PostgreSQL lease functions return)."""
+    values: dict[str, Any] = {}
+    for field in RunDispatchLease._meta.concrete_fields:
+        value = row[field.attname]  # attname = column for every lease field
+        if value is not None and isinstance(field, models.UUIDField | models.ForeignKey):
+            value = uuid.UUID(value)
+        elif value is not None and isinstance(field, models.DateTimeField):
+            value = datetime.fromisoformat(value)
+        values[field.attname] = value
+    lease = RunDispatchLease(**values)
+    lease._state.adding = False
+    return lease

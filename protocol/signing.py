@@ -45,12 +45,10 @@ from http_message_signatures import (
 from http_message_signatures.algorithms import ED25519
 
 from .errors import ProtocolError
+from .signer import ALGORITHM, COVERED_COMPONENTS, LABEL, TAG, TARGET_HEADER
 
-LABEL = "ql"
-TAG = "qinglong-worker-v1"
-ALGORITHM = "ed25519"
-COVERED_COMPONENTS = ("@method", "@path", "@query", "content-digest")
-TARGET_HEADER = "QL-Target"
+__all__ = ["ALGORITHM", "COVERED_COMPONENTS", "LABEL", "TAG", "TARGET_HEADER"]
+
 NONCE = re.compile(r"[A-Za-z0-9_-]{22,64}\Z")  # >= 128 bits of base64url
 KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,80}\Z")
 _PARAMS = {"created", "keyid", "alg", "nonce", "tag"}

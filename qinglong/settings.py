@@ -146,7 +146,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- caches: rate limits, replay nonces, credential keys -----------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 if CLUSTER or env.bool("QINGLONG_SHARED_CACHE", default=False):
-    _shared = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    # core.cache.RedisCache: Django's backend, reusing one Redis client per pool (docs/performance.md)
+    _shared = {"BACKEND": "core.cache.RedisCache", "LOCATION": REDIS_URL}
     CACHES = {"default": {**_shared, "KEY_PREFIX": "ql"}}
 else:
     # standalone is one control-plane process: a per-process cache is the whole truth there.

@@ -180,8 +180,16 @@ class RunAttempt(models.Model):
     # Projection of the current run lease (reads and the queue filter only; the lease row decides).
     lease_generation = models.PositiveIntegerField(default=0, editable=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    #: Not indexed: a claim and a release set and clear it, and with no index on it (nor on
+    #: the lease expiry and generation beside it) those updates are HOT (docs/performance.md).
+    #: A worker's live attempts are found through its active leases (``console/admin/workers.py``).
     worker = models.ForeignKey(
-        "workers.Worker", null=True, blank=True, on_delete=models.PROTECT, related_name="attempts"
+        "workers.Worker",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="attempts",
+        db_index=False,
     )
     session_id = models.UUIDField(null=True, blank=True, editable=False)
     # Executor facts reported by the worker (the running ACK) and the outcome.

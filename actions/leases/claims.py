@@ -6,13 +6,17 @@ candidate locking, ranking holds — are in ``docs/leases.md`` (Claim) and ``doc
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
+import rfc8785
+from django.db import connection
 from django.db.models import Q
 
 from audit.models import ActorType
@@ -31,6 +35,7 @@ from leases.tokens import TOKEN, token_digest, token_matches
 from placement.matching import match
 from placement.ranking import ClaimRanking
 from placement.selectors import parse_capabilities, parse_placement
+from protocol.ids import uuid7
 from protocol.wire import MAX_OFFERS_PER_CLAIM
 from runs.locks import lock_candidates
 from runs.models import Run, RunAttempt, TaskRevision
@@ -267,6 +272,17 @@ def lease_claim(
     ``lease_completed``/``lease_expired`` (a replayed offer whose lease ended), ``lock_timeout``.
     """
     _check_offers(offers)
+    if connection.vendor == "postgresql":
+        done = _claim_in_database(worker_id, session_id, generation, offers)
+        if done is not None:
+            return done
+    return _claim_orm(worker_id, session_id, generation, offers)
+
+
+def _claim_orm(
+    worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
+) -> list[Offer]:
+    """The claim in Python (SQLite, and every case the PostgreSQL function hands back)."""
     fenced = lock_and_fence(
         worker_id=worker_id,
         session_id=session_id,
@@ -368,3 +384,167 @@ def lease_claim(
         if len(claimed) == wanted:
             break
     return answered + claimed
+
+
+# --- PostgreSQL: the claim in one round trip -------------------------------------------------------
+#
+# ``ql_lease_claim`` (migration leases 0004) does the successful claim on the server. What it needs
+# from Python is content-addressed and therefore cached here for the life of the process: a
+# session's capability digest (fixed at registration), which placement classes that digest admits
+# and with which score (``placement.matching``), and per pinned revision the RFC 8785 text of the
+# execution spec with markers where the run id, attempt id and attempt number go (the function
+# fills them in and stores the SHA-256, so a replay rebuilds the same digest in Python).
+
+#: Markers in spec templates; random per process, so that no revision's text can contain them.
+_RUN_MARKER = uuid.UUID(bytes=secrets.token_bytes(16))
+_ATTEMPT_MARKER = uuid.UUID(bytes=secrets.token_bytes(16))
+_NUMBER_MARKER = 10**15 + secrets.randbelow(10**15)
+_CACHE_LIMIT = 4096
+_session_caps: dict[uuid.UUID, tuple[str, str]] = {}
+_class_scores: dict[str, dict[str, int | None]] = {}
+_templates: dict[uuid.UUID, str | None] = {}
+
+_CLAIM_SQL = (
+    "SELECT ql_lease_claim(%s, %s, %s, %s::uuid[], %s::text[], %s::uuid[], %s::text[], %s::text[], "
+    "%s::integer[], %s::uuid[], %s::text[], %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+
+
+def _bounded(cache: dict, key, value) -> None:
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+
+
+def _spec_template(revision_id: uuid.UUID) -> str | None:
+    """The canonical execution-spec text of ``revision_id`` with markers, or None if unusable."""
+    if revision_id not in _templates:
+        revision = TaskRevision.objects.get(pk=revision_id)
+        run = Run(id=_RUN_MARKER, task_id=revision.task_id, revision=revision)
+        attempt = RunAttempt(id=_ATTEMPT_MARKER, number=_NUMBER_MARKER)
+        text = rfc8785.dumps(execution_spec(run, attempt)).decode("utf-8")
+        usable = all(
+            text.count(str(marker)) == 1 for marker in (_RUN_MARKER, _ATTEMPT_MARKER, _NUMBER_MARKER)
+        )
+        _bounded(_templates, revision_id, text if usable else None)
+    return _templates[revision_id]
+
+
+def _learn_classes(capabilities_sha256: str, capabilities: str, classes: list[str]) -> None:
+    """Match the session's snapshot against placement classes not evaluated yet (cached by digest)."""
+    snapshot = parse_capabilities(capabilities_sha256, capabilities)
+    scores = _class_scores.setdefault(capabilities_sha256, {})
+    texts = dict(
+        TaskRevision.objects.filter(placement_sha256__in=classes)
+        .order_by()
+        .values_list("placement_sha256", "placement")
+        .distinct()
+    )
+    if len(scores) >= _CACHE_LIMIT:
+        scores.clear()
+    for sha in classes:
+        fit = match(snapshot, parse_placement(sha, texts[sha])) if sha in texts else None
+        scores[sha] = fit.score if fit is not None and fit.eligible else None
+
+
+def _claim_in_database(
+    worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
+) -> list[Offer] | None:
+    """Claim through ``ql_lease_claim``; None when the Python path must answer (nothing written).
+
+    Called inside ``lease_claim``'s transaction. The function returns ``orm`` for every case it
+    leaves to Python — any refusal, a replayed offer or reused token, a lapsed lease to take over,
+    a fresh attempt the claim ranking must weigh — and ``unknown``/``revision`` when this process
+    has not yet evaluated a waiting placement class or templated a revision: those are learnt and
+    the call repeated (at most a few times; then Python answers).
+    """
+    caps = _session_caps.get(session_id)
+    if caps is None:
+        row = WorkerSession.objects.filter(pk=session_id, worker_id=worker_id).values_list(
+            "capabilities_sha256", "capabilities"
+        )
+        found = list(row)
+        if not found:
+            return None
+        caps = found[0]
+        _bounded(_session_caps, session_id, caps)
+    settings = protocol()
+    digests = [token_digest(o.lease_token, worker_id=worker_id) for o in offers]
+    lease_ids = [uuid7() for _ in offers]
+    for _ in range(4):
+        scores = _class_scores.get(caps[0], {})
+        allowed = [sha for sha, score in scores.items() if score is not None]
+        with connection.cursor() as cursor:
+            params: list[Any] = [
+                worker_id,
+                session_id,
+                generation,
+                [o.offer_id for o in offers],
+                digests,
+                lease_ids,
+                list(scores),
+                allowed,
+                [scores[sha] for sha in allowed],
+                list(k for k, v in _templates.items() if v is not None),
+                list(v for v in _templates.values() if v is not None),
+                secrets.token_hex(2),
+                timedelta(seconds=settings.dispatch_timeout_seconds),
+                timedelta(seconds=settings.dispatch_hold_seconds),
+                CLAIM_MAX_CLASSES,
+                CLAIM_MAX_PAGES,
+                CLAIM_FIRST_PAGE,
+                QUEUE_PAGE,
+                str(_RUN_MARKER),
+                str(_ATTEMPT_MARKER),
+                str(_NUMBER_MARKER),
+            ]
+            cursor.execute(_CLAIM_SQL, params)
+            answer = cursor.fetchone()[0]
+        if isinstance(answer, str):
+            answer = json.loads(answer)
+        status = answer["status"]
+        if status == "claimed":
+            return [_offer(item, worker_id, session_id, offers, digests) for item in answer["offers"]]
+        if status == "unknown":
+            _learn_classes(caps[0], caps[1], answer["classes"])
+        elif status == "revision":
+            if _spec_template(uuid.UUID(answer["revision"])) is None:
+                return None
+        else:
+            return None
+    return None
+
+
+def _offer(
+    item: dict, worker_id: uuid.UUID, session_id: uuid.UUID, offers: list[OfferRequest], digests: list[str]
+) -> Offer:
+    """An Offer from one claimed item of ``ql_lease_claim`` (the n-th item used the n-th offer)."""
+    lease_id = uuid.UUID(item["lease"])
+    template = _templates[uuid.UUID(item["revision"])]
+    assert template is not None
+    text = (
+        template.replace(str(_RUN_MARKER), item["run"])
+        .replace(str(_ATTEMPT_MARKER), item["attempt"])
+        .replace(str(_NUMBER_MARKER), str(item["number"]))
+    )
+    position = item["position"]
+    lease = RunDispatchLease(
+        id=lease_id,
+        attempt_id=uuid.UUID(item["attempt"]),
+        run_id=uuid.UUID(item["run"]),
+        worker_id=worker_id,
+        session_id=session_id,
+        session_generation=item["sessionGeneration"],
+        lease_generation=item["leaseGeneration"],
+        offer_id=offers[position].offer_id,
+        token_digest=digests[position],
+        version=0,
+        state=LeaseState.LEASED,
+        expires_at=datetime.fromisoformat(item["expires"]),
+        spec_sha256=item["spec"],
+        claimed_at=datetime.fromisoformat(item["claimed"]),
+    )
+    lease._state.adding = False
+    return Offer(
+        lease=lease, execution=json.loads(text), status="claimed", renew_interval_seconds=renew_interval()
+    )

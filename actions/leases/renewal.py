@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
 
 from audit.models import ActorType
 from core.conf import protocol
@@ -17,8 +21,9 @@ from leases.fence import (
     renew_interval,
     require_active,
 )
-from leases.models import ReleaseReason
+from leases.models import LeaseState, ReleaseReason, lease_from_json
 from leases.settlement import settle_lease
+from leases.tokens import token_digest
 from runs.states import AttemptState
 from runs.transitions import update_attempt
 
@@ -44,9 +49,26 @@ def lease_renew(
     unstarted lease is ``attempt_not_started`` (the dispatch timeout bounds that phase); a lapsed
     lease cannot be renewed (``lease_expired``, ``lease_released`` once swept).
 
+    PostgreSQL: one round trip (``ql_lease_release`` with a renewal interval, migration leases
+    0004); anything but a successful renewal is answered by the Python path below.
+
     Raises: fence codes, ``lease_version_conflict``, ``lease_expired``, ``lease_released``,
     ``lease_completed``, ``attempt_not_started``, ``lock_timeout``.
     """
+    run_lease = timedelta(seconds=protocol().run_lease_seconds)
+    if connection.vendor == "postgresql":
+        done = _in_database(
+            worker_id,
+            session_id,
+            generation,
+            attempt_id,
+            lease_generation,
+            lease_token,
+            lease_version,
+            run_lease,
+        )
+        if done is not None:
+            return done
     ctx = fence_lease(
         worker_id=worker_id,
         session_id=session_id,
@@ -60,7 +82,7 @@ def lease_renew(
     check_lease_version(lease, lease_version)
     if ctx.attempt.state not in (AttemptState.STARTING, AttemptState.RUNNING):
         raise DomainError("attempt_not_started", "send the starting ACK first", field="attemptId")
-    expires = ctx.now + timedelta(seconds=protocol().run_lease_seconds)
+    expires = ctx.now + run_lease
     lease_cas(lease, "the renewal", bump=True, expires_at=expires)
     update_attempt(ctx.attempt, lease_expires_at=expires)
     lease.expires_at, lease.version = expires, lease_version + 1
@@ -86,9 +108,18 @@ def lease_release(
     ``lease.released``; if the run has a cancellation request the attempt and run are cancelled
     instead. The next claim of the attempt uses a new lease generation.
 
+    PostgreSQL: one round trip (``ql_lease_release``, migration leases 0004) for a plain release;
+    a refusal or a run with a cancellation request is answered by the Python path below.
+
     Raises: fence codes, ``lease_version_conflict``, ``lease_expired``, ``lease_released``,
     ``lease_completed``, ``attempt_already_started``, ``lock_timeout``.
     """
+    if connection.vendor == "postgresql":
+        done = _in_database(
+            worker_id, session_id, generation, attempt_id, lease_generation, lease_token, lease_version, None
+        )
+        if done is not None:
+            return done
     ctx = fence_lease(
         worker_id=worker_id,
         session_id=session_id,
@@ -116,3 +147,49 @@ def lease_release(
         )
     ctx.lease.refresh_from_db()
     return AckResult("released", ctx.lease, ctx.run.cancel_requested_at is not None, renew_interval())
+
+
+_RELEASE_SQL = "SELECT ql_lease_release(%s, %s, %s, %s, %s, %s, %s, %s::interval)"
+
+
+def _in_database(
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    lease_version: int,
+    renew_by: timedelta | None,
+) -> AckResult | None:
+    """Release (``renew_by`` None) or renew in one call of ``ql_lease_release``; None: Python answers.
+
+    The function writes only when the call succeeds; on any other case it has written nothing
+    and the caller's Python path (same transaction) answers with its codes.
+    """
+    digest = token_digest(lease_token, worker_id=worker_id)
+    with connection.cursor() as cursor:
+        params: list[Any] = [
+            worker_id,
+            session_id,
+            generation,
+            attempt_id,
+            lease_generation,
+            digest,
+            lease_version,
+            renew_by,
+        ]
+        cursor.execute(_RELEASE_SQL, params)
+        answer = cursor.fetchone()[0]
+    if isinstance(answer, str):
+        answer = json.loads(answer)
+    status = answer["status"]
+    if status not in ("released", "renewed"):
+        return None
+    lease = lease_from_json(answer["lease"])
+    lease.version = answer["version"]
+    lease.expires_at = datetime.fromisoformat(answer["expires"])
+    if status == "released":
+        lease.state, lease.release_reason = LeaseState.RELEASED, ReleaseReason.WORKER_RELEASE
+        lease.ended_at = datetime.fromisoformat(answer["ended"])
+    return AckResult(status, lease, bool(answer["cancel"]), renew_interval())

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
+from django.db import connection
 from django.db.models import F
 from django.db.models.functions import Now
 
@@ -59,9 +61,20 @@ def session_heartbeat(
     transaction (``_heartbeat_write``) that locks the worker, re-reads and re-fences, so a
     heartbeat racing a replacement either lands first or is fenced — it never revives a session.
 
+    PostgreSQL runs the whole heartbeat as one statement (:func:`_heartbeat_statement`); SQLite
+    (one process, IMMEDIATE writers) keeps the read-then-locked-write path below.
+
     Raises: every ``fence_session`` code, ``slots_exceed_maximum``, ``storage_busy``,
     ``lock_timeout``.
     """
+    if connection.vendor == "postgresql":
+        return _heartbeat_statement(
+            worker_id=worker_id,
+            session_id=session_id,
+            generation=generation,
+            expected_version=expected_version,
+            available_slots=available_slots,
+        )
 
     session = (
         WorkerSession.objects.select_related("worker")
@@ -154,3 +167,125 @@ def _heartbeat_write(
             )
         session.refresh_from_db()
     return SessionView(session=session, server_time=now)
+
+
+_SESSION_COLUMNS = [str(field.column) for field in WorkerSession._meta.concrete_fields]
+_SESSION_ATTNAMES = [field.attname for field in WorkerSession._meta.concrete_fields]
+_WORKER_COLUMNS = [str(field.column) for field in Worker._meta.concrete_fields]
+
+#: The heartbeat in one round trip (PostgreSQL). ``cur`` reads the worker, its session and the
+#: database clock from one snapshot; ``upd`` writes only when the write rule asks for it and only
+#: while the row is exactly what ``cur`` read (any concurrent change — a replacement, a drain,
+#: another heartbeat — makes it a miss, answered as ``session_version_conflict``, as the locked
+#: compare-and-swap did) and the lease is still live by the clock read when the row is updated,
+#: after any row-lock wait. The unchanged heartbeat matches no row: no lock, no row version, no
+#: WAL. An extension changes only ``lease_expires_at`` (not indexed) in place: a HOT update.
+_HEARTBEAT_SQL = f"""
+WITH cur AS (
+    SELECT {", ".join(f"s.{c} AS s_{c}" for c in _SESSION_COLUMNS)},
+           {", ".join(f"w.{c} AS w_{c}" for c in _WORKER_COLUMNS)},
+           statement_timestamp() AS now
+      FROM workers_worker w
+      LEFT JOIN workers_workersession s ON s.id = %(session)s AND s.worker_id = w.id
+     WHERE w.id = %(worker)s
+), upd AS (
+    UPDATE workers_workersession s
+       SET lease_expires_at = CASE WHEN s.lease_expires_at - cur.now < %(half)s
+                                   THEN cur.now + %(ttl)s ELSE s.lease_expires_at END,
+           available_slots = %(slots)s,
+           version = s.version + CASE WHEN %(slots)s <> s.available_slots THEN 1 ELSE 0 END
+      FROM cur
+     WHERE s.id = %(session)s AND s.worker_id = %(worker)s
+       AND cur.w_state <> 'revoked'
+       AND s.state IN ('online', 'draining') AND s.state = cur.s_state
+       AND s.generation = %(generation)s AND s.version = %(version)s AND s.version = cur.s_version
+       AND s.available_slots = cur.s_available_slots
+       AND s.lease_expires_at = cur.s_lease_expires_at AND s.lease_expires_at > clock_timestamp()
+       AND %(reported)s <= s.max_concurrent_runs
+       AND (s.lease_expires_at - cur.now < %(half)s OR %(slots)s <> s.available_slots)
+    RETURNING s.version, s.available_slots, s.lease_expires_at
+)
+SELECT cur.*, upd.version, upd.available_slots, upd.lease_expires_at,
+       ARRAY(SELECT l.attempt_id FROM leases_rundispatchlease l JOIN runs_run r ON r.id = l.run_id
+              WHERE l.session_id = %(session)s AND l.state = 'leased'
+                AND r.cancel_requested_at IS NOT NULL
+              ORDER BY l.attempt_id)
+  FROM cur LEFT JOIN upd ON true
+""".replace("%(slots)s", "(CASE WHEN s.state = 'draining' THEN 0 ELSE %(reported)s END)")  # effective slots
+_SESSION_END = len(_SESSION_COLUMNS)
+_WORKER_END = _SESSION_END + len(_WORKER_COLUMNS)
+
+
+def _heartbeat_statement(
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    expected_version: int,
+    available_slots: int,
+) -> SessionView:
+    """PostgreSQL: the whole heartbeat as one statement (``_HEARTBEAT_SQL``), answered as on SQLite.
+
+    The fence is checked in Python on the row the statement read (same codes, same order); the
+    statement's write carries the same fence in its ``WHERE``, so a refused heartbeat never
+    writes. The effective slots (0 while draining) are computed in SQL from the row's state.
+    Raises the codes of :func:`session_heartbeat`. A write the rule asked for that missed (the
+    row changed meanwhile) is retried by the locked path, ``_heartbeat_write``, which re-fences
+    under the worker lock.
+    """
+    ttl = session_lease_ttl()
+    params: dict[str, Any] = {
+        "worker": worker_id,
+        "session": session_id,
+        "generation": generation,
+        "version": expected_version,
+        "reported": available_slots,
+        "half": ttl / 2,
+        "ttl": ttl,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_HEARTBEAT_SQL, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise DomainError("worker_not_found", "no such worker")
+    worker = Worker.from_db(connection.alias, _WORKER_COLUMNS, row[_SESSION_END:_WORKER_END])
+    now = row[_WORKER_END]
+    session = None
+    if row[0] is not None:
+        session = WorkerSession.from_db(connection.alias, _SESSION_ATTNAMES, row[:_SESSION_END])
+    check_session(
+        worker,
+        session,
+        generation=generation,
+        expected_version=expected_version,
+        now=now,
+        purpose=Purpose.HEARTBEAT,
+    )
+    assert session is not None
+    if available_slots > session.max_concurrent_runs:
+        raise DomainError(
+            "slots_exceed_maximum",
+            f"availableSlots {available_slots} is above maxConcurrentRuns {session.max_concurrent_runs}",
+            field="availableSlots",
+        )
+    version, slots, expires, cancel_requested = row[_WORKER_END + 1 :]
+    view = SessionView(session=session, server_time=now)
+    if version is not None:
+        session.version, session.available_slots, session.lease_expires_at = version, slots, expires
+    elif _heartbeat_needs_write(session, available_slots, now):
+        # The row changed between the read and the write (a replacement, a drain, another
+        # heartbeat): the locked path decides, exactly as before — it re-fences under the worker
+        # lock (``session_superseded``, ``session_version_conflict``, …) or writes.
+        view = _heartbeat_write(
+            worker_id=worker_id,
+            session_id=session_id,
+            generation=generation,
+            expected_version=expected_version,
+            available_slots=available_slots,
+        )
+    return SessionView(
+        session=view.session,
+        server_time=view.server_time,
+        cancel_requested=tuple(cancel_requested),
+        rotation_required=worker.rotation_required,
+    )

@@ -416,7 +416,10 @@ class WorkerAdmin(ModelAdmin):
     @admin.display(description="current attempts")
     def current_attempts(self, worker):
         attempts = (
-            RunAttempt.objects.filter(worker=worker, state__in=ATTEMPT_LIVE)
+            # through the worker's active leases (at most one per attempt): attempts.worker_id has no index
+            RunAttempt.objects.filter(
+                leases__worker=worker, leases__state=LeaseState.LEASED, worker=worker, state__in=ATTEMPT_LIVE
+            )
             .select_related("run__task")
             .defer("stdout_tail", "stderr_tail")
             .order_by("-created_at")[:50]

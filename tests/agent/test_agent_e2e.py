@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from actions.enrollment import enrollment_token_create, worker_create
 from agent.state import StateDir
@@ -77,7 +78,8 @@ def test_agent_runs_real_jobs_restarts_as_generation_2_and_drains(enrolled_agent
         first.refresh_from_db()
         assert first.state == "fenced"
 
-        credential, key = StateDir(state).load()
+        credential, agent_key = StateDir(state).load()  # the agent's own key file, read back
+        key = load_pem_private_key(agent_key.to_pem(), password=None)
         api = SignedClient(client, Enrolled(worker.pk, worker.name, credential.credentialId, key))
         before = list(WorkerSession.objects.order_by("pk").values())
         answer = api.post(

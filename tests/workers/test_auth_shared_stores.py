@@ -94,13 +94,18 @@ def test_two_cluster_replicas_see_each_nonce_once_and_share_rate_limits(redis_ur
     assert results[0]["allowed"] + results[1]["allowed"] == count
 
 
+#: Django's backend (nonce and rate limit as separate commands) and the project's (one Lua round trip).
+BACKENDS = ["django.core.cache.backends.redis.RedisCache", "core.cache.RedisCache"]
+
+
 @pytest.mark.redis
 @pytest.mark.django_db
-def test_a_replay_is_refused_over_http_with_the_redis_store(client, settings, redis_url):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_replay_is_refused_over_http_with_the_redis_store(client, settings, redis_url, backend):
     prefix = f"qltest{secrets.token_hex(4)}"
     settings.CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": backend,
             "LOCATION": redis_url,
             "KEY_PREFIX": prefix,
         }
@@ -144,3 +149,46 @@ def test_a_revocation_from_the_command_line_reaches_the_server_process_at_once(c
     assert done.returncode == 0, done.stderr
     answer = api.post(wire.SESSION_HEARTBEAT, body)
     assert (answer.status_code, answer.json()["code"]) == (401, "credential_revoked")
+
+
+@pytest.mark.redis
+@pytest.mark.django_db
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_worker_limit_counts_fresh_signed_requests_only(
+    client, settings, redis_url, backend, protocol_settings
+):
+    """The limit is the same on both backends: three fresh requests pass, the fourth is 429 with a
+    Retry-After, and a replay is refused without being counted."""
+    protocol_settings(RATE_WORKER="3/h")
+    prefix = f"qltest{secrets.token_hex(4)}"
+    settings.CACHES = {"default": {"BACKEND": backend, "LOCATION": redis_url, "KEY_PREFIX": prefix}}
+    try:
+        worker = enrolled_worker()
+        session = register(worker)
+        api = SignedClient(client, worker)
+        body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 2}
+        raw = strictjson.dumps(body)
+        headers = sign_request(
+            method="POST",
+            path=wire.SESSION_HEARTBEAT,
+            body=raw,
+            key_id=worker.credential_id,
+            private_key=worker.key,
+        )
+
+        def send_signed():
+            return client.generic(
+                "POST", wire.SESSION_HEARTBEAT, raw, content_type="application/json", headers=headers
+            )
+
+        assert send_signed().status_code == 200
+        replay = send_signed()
+        assert (replay.status_code, replay.json()["code"]) == (401, "signature_replayed")
+        assert [api.post(wire.SESSION_HEARTBEAT, body).status_code for _ in range(2)] == [200, 200]
+        limited = api.post(wire.SESSION_HEARTBEAT, body)
+        assert (limited.status_code, limited.json()["code"]) == (429, "rate_limited")
+        assert int(limited["Retry-After"]) >= 1
+    finally:  # only this test's keys: never flush a Redis database others may use
+        server = redis.Redis.from_url(redis_url)
+        for key in server.scan_iter(match=f"{prefix}:*"):
+            server.delete(key)

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from tenacity import RetryCallState, Retrying
 
 from agent.calls import FENCED_CODES, MAX_RETRY_AFTER, REFUSED_CODES, Stop, backoff, classify
@@ -18,7 +17,7 @@ from agent.runtime import Agent, Settings
 from agent.session import Session
 from agent.state import Credential, StateDir
 from protocol import wire
-from protocol.signing import public_key_text
+from protocol.signer import WorkerKey
 
 
 class FakeClient:
@@ -45,7 +44,7 @@ class FakeClient:
 def make_agent(tmp_path: Path, script, **settings) -> Agent:
     state = StateDir(tmp_path / "state")
     credential = Credential("http://127.0.0.1:8600", "0190", "edge", "wkc_old")
-    state.save(credential, Ed25519PrivateKey.generate())
+    state.save(credential, WorkerKey.generate())
     return Agent(FakeClient(script), credential, state, Settings(backoff_max=0.01, **settings))
 
 
@@ -127,7 +126,7 @@ def test_rotation_saves_the_new_key_before_switching_to_it(tmp_path):
     assert [p.name for p in (tmp_path / "state").glob("key-*.pem")] == ["key-wkc_new.pem"]
     assert agent.client.key_id == "wkc_new"
     credential, key = agent.state.load()
-    assert public_key_text(key.public_key()) == body["publicKey"]
+    assert key.public_key_text() == body["publicKey"]
 
 
 def test_a_failed_rotation_keeps_the_old_key_and_the_agent_running(tmp_path):

@@ -1,0 +1,88 @@
+"""Query budgets of the hot worker write paths: claim, renew, release, completion and heartbeat.
+
+A regression that adds round trips fails here, on both stores. PostgreSQL answers a successful
+claim, renew, release and heartbeat with one statement each (the functions of migration leases
+0004 and ``actions.sessions.heartbeat``); SQLite (one process) keeps its ORM paths, whose budgets
+are today's counts. Transaction control (BEGIN/COMMIT/SAVEPOINT) is not counted: it is not a
+statement the path chose. The claim budget is taken once the process has learnt the session's
+capability digest, the placement class and the revision's spec template (a process learns each
+once); the dispatch hold is 0 so that the claim ranking never needs the fleet (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from actions.sessions.heartbeat import session_heartbeat
+from tests.helpers import enqueue, enrolled_worker, make_revision, register, repository_queries
+from tests.leases.flows import claim_one, complete, release, renew, start
+
+pytestmark = pytest.mark.django_db
+
+#: (PostgreSQL, SQLite) statements per call.
+BUDGETS = {
+    "claim": (1, 15),
+    "release": (1, 14),
+    "renew": (1, 10),
+    "complete": (14, 14),
+    "heartbeat": (1, 2),
+    "heartbeat_write": (1, 7),
+}
+
+
+def budget(name: str) -> int:
+    return BUDGETS[name][0 if connection.vendor == "postgresql" else 1]
+
+
+def counted(action):
+    with CaptureQueriesContext(connection) as queries:
+        result = action()
+    return result, repository_queries(queries)
+
+
+@pytest.fixture
+def warm(protocol_settings):
+    protocol_settings(DISPATCH_HOLD_SECONDS=0)
+    session = register(enrolled_worker(), max_concurrent=4)
+    revision = make_revision()
+    for _ in range(3):
+        enqueue(revision)
+    release(claim_one(session))  # the process learns the digest, the class and the template
+    return session
+
+
+def test_a_claim_and_a_release_stay_within_their_budgets(warm):
+    held, statements = counted(lambda: claim_one(warm))
+    assert len(statements) <= budget("claim"), statements
+    _, statements = counted(lambda: release(held))
+    assert len(statements) <= budget("release"), statements
+
+
+def test_a_renewal_and_a_completion_stay_within_their_budgets(warm):
+    held = start(claim_one(warm))
+    _, statements = counted(lambda: renew(held))
+    assert len(statements) <= budget("renew"), statements
+    _, statements = counted(lambda: complete(held))
+    assert len(statements) <= budget("complete"), statements
+
+
+def heartbeat(session, version: int, slots: int):
+    return session_heartbeat(
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
+        expected_version=version,
+        available_slots=slots,
+    )
+
+
+def test_an_unchanged_heartbeat_and_a_slot_change_stay_within_their_budget():
+    session = register(enrolled_worker(), max_concurrent=2)
+    view, statements = counted(lambda: heartbeat(session, 0, 2))
+    assert view.session.version == 0
+    assert len(statements) <= budget("heartbeat"), statements
+    view, statements = counted(lambda: heartbeat(session, 0, 1))
+    assert view.session.version == 1
+    assert len(statements) <= budget("heartbeat_write"), statements
