@@ -171,6 +171,15 @@ class Lease(TypedDict):
     renewIntervalSeconds: int
 
 
+class OutputsSpec(TypedDict):
+    """Declared artifacts (docs/logs.md): globs relative to the work directory and their limits."""
+
+    paths: list[str]
+    maxFiles: int
+    maxFileBytes: int
+    maxTotalBytes: int
+
+
 class ExecutionSpec(TypedDict):
     """``qinglong/execution-spec@v1``: what to run for one attempt (no secrets, no lease token)."""
 
@@ -186,6 +195,7 @@ class ExecutionSpec(TypedDict):
     env: dict[str, str]
     timeoutSeconds: int
     revisionSha256: str
+    outputs: NotRequired[OutputsSpec]
 
 
 class Offer(TypedDict):

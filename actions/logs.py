@@ -1,0 +1,277 @@
+"""Live job logs: each chunk fenced by the run lease, in one transaction; compaction and
+retention sweeps (docs/logs.md; ADR-0012 §3 for the fences)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+
+from core.conf import output
+from core.db import db_now, write_path
+from core.errors import DomainError
+from leases.fence import fence_lease, require_active
+from logs import rules, storage
+from logs.locks import lock_attempt_log, lock_expired_artifacts
+from logs.models import Artifact, AttemptLog, LogChunk
+from runs.models import RunAttempt
+from runs.states import ATTEMPT_TERMINAL, AttemptState
+
+#: The backpressure window, seconds (docs/logs.md, Rate).
+RATE_WINDOW_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk as the worker sent it: ``seq`` ≥ 1 (per attempt, from 1, no reuse), ``stream``
+    stdout | stderr, ``offset`` the agent's monotonic offset of its first byte in that stream,
+    ``data`` ≤ ``LOG_CHUNK_BYTES`` raw bytes (may be empty: a chunk that only moves the offset
+    reports a trailing gap)."""
+
+    seq: int
+    stream: str
+    offset: int
+    data: bytes
+
+    def sha256(self) -> str:
+        head = f"{self.seq}\n{self.stream}\n{self.offset}\n".encode()
+        return hashlib.sha256(head + self.data).hexdigest()
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """The answer to a chunk: ``status`` stored | idempotent | truncated (nothing more is kept),
+    the sequence number the log expects next, how long the worker waits before its next send
+    (seconds), and the stored size of the log."""
+
+    status: str
+    next_seq: int
+    interval_seconds: float
+    truncated: bool
+    stored_bytes: int
+
+
+def _interval(log: AttemptLog) -> float:
+    """The send interval the answer asks for: the configured one, doubled while the attempt
+    used more than half its byte rate in the current window (docs/logs.md, Rate)."""
+    settings = output()
+    busy = log.window_bytes * 2 > settings.log_rate_bytes_per_second * RATE_WINDOW_SECONDS
+    return settings.log_interval_seconds * (2 if busy else 1)
+
+
+def _result(status: str, log: AttemptLog) -> AppendResult:
+    return AppendResult(status, log.next_seq, _interval(log), log.truncated, log.stored_bytes)
+
+
+@write_path
+def log_append(
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    chunk: Chunk,
+) -> AppendResult:
+    """Store one chunk of a running attempt's output under both fences (docs/logs.md, Log chunks).
+
+    Arguments: the session fence, the lease fence and a :class:`Chunk`. Locks worker, then run
+    (``leases.fence``), then the attempt's log row. The lease must be held (leased, unexpired by
+    the DB clock) and the attempt running; otherwise nothing is stored. An exact replay of a
+    stored ``seq`` answers ``idempotent`` and changes nothing; the same ``seq`` with other content
+    is ``log_chunk_conflict``. A sequence or offset jump stores a gap marker line before the
+    data; secret ``env`` values of the revision are masked; past ``LOG_MAX_BYTES`` the log keeps
+    one truncation marker and nothing more (``truncated``). Over the byte rate the chunk is
+    refused with ``log_backpressure`` (429, Retry-After).
+
+    Raises: fence codes, ``lease_completed``, ``lease_released``, ``lease_expired``,
+    ``attempt_not_started``, ``log_chunk_conflict``, ``log_backpressure``, ``lock_timeout``.
+    """
+    ctx = fence_lease(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        attempt_id=attempt_id,
+        lease_generation=lease_generation,
+        lease_token=lease_token,
+    )
+    require_active(ctx.lease, ctx.now)
+    if ctx.attempt.state != AttemptState.RUNNING:
+        raise DomainError("attempt_not_started", "send the running ACK before the log", field="attemptId")
+    log = lock_attempt_log(ctx.attempt.pk)
+    if log is None:
+        log = AttemptLog.objects.create(attempt=ctx.attempt, run=ctx.run, created_at=ctx.now)
+    digest = chunk.sha256()
+    stored = LogChunk.objects.filter(attempt_id=ctx.attempt.pk, seq=chunk.seq).values_list(
+        "sent_sha256", flat=True
+    )
+    previous = stored.first()
+    if previous is not None:
+        if previous == digest:
+            return _result("idempotent", log)
+        raise DomainError(
+            "log_chunk_conflict", f"chunk {chunk.seq} was stored with other content", field="seq"
+        )
+    if log.truncated:
+        if chunk.seq >= log.next_seq:
+            log.next_seq = chunk.seq + 1
+            log.save(update_fields=["next_seq"])
+        return _result("truncated", log)
+    if chunk.seq < log.next_seq:
+        raise DomainError(
+            "log_chunk_conflict",
+            f"chunk {chunk.seq} is behind the log (next is {log.next_seq}) and was never stored",
+            field="seq",
+            details={"nextSeq": log.next_seq},
+        )
+    end = int(log.stream_ends.get(chunk.stream, 0))
+    if chunk.offset < end:
+        raise DomainError(
+            "log_chunk_conflict",
+            f"offset {chunk.offset} is behind the {chunk.stream} bytes already stored (up to {end})",
+            field="offset",
+            details={"nextSeq": log.next_seq},
+        )
+    settings = output()
+    window_open = (
+        log.window_started_at is not None
+        and (ctx.now - log.window_started_at).total_seconds() < RATE_WINDOW_SECONDS
+    )
+    if not window_open:
+        log.window_started_at, log.window_bytes = ctx.now, 0
+    if (
+        log.window_bytes
+        and log.window_bytes + len(chunk.data) > settings.log_rate_bytes_per_second * RATE_WINDOW_SECONDS
+    ):
+        raise DomainError(
+            "log_backpressure",
+            f"this attempt logs faster than {settings.log_rate_bytes_per_second} bytes per second",
+            retry_after=1,
+        )
+    at_line_start = bool(log.stream_newline.get(chunk.stream, True))
+    parts: list[bytes] = []
+    if chunk.seq > log.next_seq:
+        parts.append(rules.sequence_gap_marker(log.next_seq, chunk.seq - 1, at_line_start=at_line_start))
+        at_line_start = True
+    if chunk.offset > end:
+        parts.append(rules.gap_marker(chunk.stream, chunk.offset - end, at_line_start=at_line_start))
+        at_line_start = True
+    revision = ctx.run.revision
+    parts.append(rules.mask(chunk.data, rules.secret_values(revision.env, revision.secret_env)))
+    data = b"".join(parts)
+    room = settings.log_max_bytes - log.stored_bytes
+    if len(data) > room:
+        data = data[: max(0, room)]
+        at_end = data.endswith(b"\n") if data else at_line_start
+        data += rules.truncation_marker(settings.log_max_bytes, at_line_start=at_end)
+        log.truncated = True
+    # An empty chunk (it only moves the offset) still claims its sequence number.
+    LogChunk.objects.create(
+        attempt_id=ctx.attempt.pk,
+        seq=chunk.seq,
+        stream=chunk.stream,
+        offset=chunk.offset,
+        position=log.stored_bytes,
+        size=len(data),
+        data=data,
+        sent_sha256=digest,
+        created_at=ctx.now,
+    )
+    if data:
+        log.stream_newline = {**log.stream_newline, chunk.stream: data.endswith(b"\n")}
+    log.stored_bytes += len(data)
+    log.next_seq = chunk.seq + 1
+    log.stream_ends = {**log.stream_ends, chunk.stream: chunk.offset + len(chunk.data)}
+    log.window_bytes += len(chunk.data)
+    log.save()
+    return _result("truncated" if log.truncated else "stored", log)
+
+
+def _merged_index(rows: list[tuple[int, int, str]]) -> list[list]:
+    index: list[list] = []
+    for position, size, stream in rows:
+        if not size:
+            continue
+        if index and index[-1][2] == stream and index[-1][0] + index[-1][1] == position:
+            index[-1][1] += size
+        else:
+            index.append([position, size, stream])
+    return index
+
+
+@write_path
+def log_compact(*, attempt_id: uuid.UUID) -> bool:
+    """Write an ended attempt's live chunks as one stored object (``logs/<attempt>.log`` in the
+    ``output`` storage) with an index of stream segments, delete the rows and set the log's
+    expiry (the revision's retention days from now). One transaction; the attempt's run is not
+    locked: an ended attempt's lease is settled, so no chunk can arrive. Returns False when
+    there was nothing to do (no log, already compacted, attempt still live)."""
+    log = lock_attempt_log(attempt_id)
+    if log is None or log.compacted_at is not None:
+        return False
+    attempt = RunAttempt.objects.select_related("run__revision").get(pk=attempt_id)
+    if attempt.state not in ATTEMPT_TERMINAL:
+        return False
+    now = db_now()
+    rows = list(
+        LogChunk.objects.filter(attempt_id=attempt_id)
+        .order_by("position")
+        .values_list("position", "size", "stream", "data")
+    )
+    name = storage.put(rules.object_name(attempt_id), b"".join(bytes(row[3]) for row in rows))
+    log.object_name = name
+    log.index = _merged_index([(p, n, s) for p, n, s, _ in rows])
+    log.compacted_at = now
+    log.expires_at = now + timedelta(days=attempt.run.revision.output_retention_days)
+    log.save(update_fields=["object_name", "index", "compacted_at", "expires_at"])
+    LogChunk.objects.filter(attempt_id=attempt_id).delete()
+    return True
+
+
+def sweep_log_compaction(batch: int = 64) -> int:
+    """Compact up to ``batch`` logs of ended attempts, one transaction each. Returns how many."""
+    pending = list(
+        AttemptLog.objects.filter(compacted_at__isnull=True, attempt__state__in=ATTEMPT_TERMINAL).values_list(
+            "pk", flat=True
+        )[:batch]
+    )
+    return sum(1 for attempt_id in pending if log_compact(attempt_id=attempt_id))
+
+
+@write_path
+def output_expire(*, attempt_id: uuid.UUID) -> int:
+    """Delete an attempt's expired log and expired artifacts (rows now, stored objects once the
+    transaction commits). Returns the number of rows deleted."""
+    now = db_now()
+    deleted = 0
+    log = lock_attempt_log(attempt_id)
+    names: list[str] = []
+    if log is not None and log.expires_at is not None and log.expires_at <= now:
+        names.append(log.object_name)
+        LogChunk.objects.filter(attempt_id=attempt_id).delete()
+        log.delete()
+        deleted += 1
+    for artifact in lock_expired_artifacts(attempt_id, now):
+        names.append(artifact.storage_name)
+        artifact.delete()
+        deleted += 1
+    def remove_objects() -> None:
+        for name in names:
+            storage.remove(name)
+
+    transaction.on_commit(remove_objects)
+    return deleted
+
+
+def sweep_output_retention(batch: int = 64) -> int:
+    """Delete logs and artifacts past their retention (the revision's ``output_retention_days``),
+    up to ``batch`` attempts, one transaction each. Returns the rows deleted."""
+    now = db_now()
+    attempts = set(AttemptLog.objects.filter(expires_at__lte=now).values_list("pk", flat=True)[:batch]) | set(
+        Artifact.objects.filter(expires_at__lte=now).values_list("attempt_id", flat=True)[:batch]
+    )
+    return sum(output_expire(attempt_id=attempt_id) for attempt_id in list(attempts)[:batch])
