@@ -25,20 +25,35 @@ RATE_WINDOW_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
-class Chunk:
-    """One chunk as the worker sent it: ``seq`` ≥ 1 (per attempt, from 1, no reuse), ``stream``
-    stdout | stderr, ``offset`` the agent's monotonic offset of its first byte in that stream,
-    ``data`` ≤ ``LOG_CHUNK_BYTES`` raw bytes (may be empty: a chunk that only moves the offset
-    reports a trailing gap)."""
+class Segment:
+    """One stream's bytes in a chunk: ``stream`` stdout | stderr, ``offset`` the agent's
+    monotonic offset of its first byte in that stream, ``data`` raw bytes (may be empty: a
+    segment that only moves the offset reports a trailing gap)."""
 
-    seq: int
     stream: str
     offset: int
     data: bytes
 
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk as the worker sent it: ``seq`` ≥ 1 (per attempt, from 1, no reuse) and its
+    segments in the order the agent read them (both streams interleaved; ≤ ``LOG_CHUNK_BYTES``
+    in all)."""
+
+    seq: int
+    segments: tuple[Segment, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(len(segment.data) for segment in self.segments)
+
     def sha256(self) -> str:
-        head = f"{self.seq}\n{self.stream}\n{self.offset}\n".encode()
-        return hashlib.sha256(head + self.data).hexdigest()
+        digest = hashlib.sha256(f"{self.seq}\n".encode())
+        for segment in self.segments:
+            digest.update(f"{segment.stream}\n{segment.offset}\n{len(segment.data)}\n".encode())
+            digest.update(segment.data)
+        return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -106,10 +121,8 @@ def log_append(
     if log is None:
         log = AttemptLog.objects.create(attempt=ctx.attempt, run=ctx.run, created_at=ctx.now)
     digest = chunk.sha256()
-    stored = LogChunk.objects.filter(attempt_id=ctx.attempt.pk, seq=chunk.seq).values_list(
-        "sent_sha256", flat=True
-    )
-    previous = stored.first()
+    stored = LogChunk.objects.filter(attempt_id=ctx.attempt.pk, seq=chunk.seq, part=0)
+    previous = stored.values_list("sent_sha256", flat=True).first()
     if previous is not None:
         if previous == digest:
             return _result("idempotent", log)
@@ -128,65 +141,77 @@ def log_append(
             field="seq",
             details={"nextSeq": log.next_seq},
         )
-    end = int(log.stream_ends.get(chunk.stream, 0))
-    if chunk.offset < end:
-        raise DomainError(
-            "log_chunk_conflict",
-            f"offset {chunk.offset} is behind the {chunk.stream} bytes already stored (up to {end})",
-            field="offset",
-            details={"nextSeq": log.next_seq},
-        )
+    ends = {stream: int(end) for stream, end in log.stream_ends.items()}
+    for index, segment in enumerate(chunk.segments):
+        end = ends.get(segment.stream, 0)
+        if segment.offset < end:
+            raise DomainError(
+                "log_chunk_conflict",
+                f"offset {segment.offset} is behind the {segment.stream} bytes already stored (up to {end})",
+                field=f"segments[{index}].offset",
+                details={"nextSeq": log.next_seq},
+            )
+        ends[segment.stream] = segment.offset + len(segment.data)
     settings = output()
-    window_open = (
-        log.window_started_at is not None
-        and (ctx.now - log.window_started_at).total_seconds() < RATE_WINDOW_SECONDS
-    )
-    if not window_open:
+    rate = settings.log_rate_bytes_per_second * RATE_WINDOW_SECONDS
+    elapsed = (ctx.now - log.window_started_at).total_seconds() if log.window_started_at else None
+    if elapsed is None or elapsed >= RATE_WINDOW_SECONDS:
         log.window_started_at, log.window_bytes = ctx.now, 0
-    if (
-        log.window_bytes
-        and log.window_bytes + len(chunk.data) > settings.log_rate_bytes_per_second * RATE_WINDOW_SECONDS
-    ):
+    if log.window_bytes and log.window_bytes + chunk.size > rate:
         raise DomainError(
             "log_backpressure",
             f"this attempt logs faster than {settings.log_rate_bytes_per_second} bytes per second",
             retry_after=1,
         )
-    at_line_start = bool(log.stream_newline.get(chunk.stream, True))
-    parts: list[bytes] = []
-    if chunk.seq > log.next_seq:
-        parts.append(rules.sequence_gap_marker(log.next_seq, chunk.seq - 1, at_line_start=at_line_start))
-        at_line_start = True
-    if chunk.offset > end:
-        parts.append(rules.gap_marker(chunk.stream, chunk.offset - end, at_line_start=at_line_start))
-        at_line_start = True
     revision = ctx.run.revision
-    parts.append(rules.mask(chunk.data, rules.secret_values(revision.env, revision.secret_env)))
-    data = b"".join(parts)
-    room = settings.log_max_bytes - log.stored_bytes
-    if len(data) > room:
-        data = data[: max(0, room)]
-        at_end = data.endswith(b"\n") if data else at_line_start
-        data += rules.truncation_marker(settings.log_max_bytes, at_line_start=at_end)
-        log.truncated = True
-    # An empty chunk (it only moves the offset) still claims its sequence number.
-    LogChunk.objects.create(
-        attempt_id=ctx.attempt.pk,
-        seq=chunk.seq,
-        stream=chunk.stream,
-        offset=chunk.offset,
-        position=log.stored_bytes,
-        size=len(data),
-        data=data,
-        sent_sha256=digest,
-        created_at=ctx.now,
-    )
-    if data:
-        log.stream_newline = {**log.stream_newline, chunk.stream: data.endswith(b"\n")}
-    log.stored_bytes += len(data)
+    secrets = rules.secret_values(revision.env, revision.secret_env)
+    newline = dict(log.stream_newline)
+    sequence_gap = chunk.seq > log.next_seq
+    rows: list[LogChunk] = []
+    position = log.stored_bytes
+    for index, segment in enumerate(chunk.segments):
+        at_line_start = bool(newline.get(segment.stream, True))
+        parts: list[bytes] = []
+        if sequence_gap:
+            parts.append(rules.sequence_gap_marker(log.next_seq, chunk.seq - 1, at_line_start=at_line_start))
+            at_line_start, sequence_gap = True, False
+        end = int(log.stream_ends.get(segment.stream, 0))
+        if segment.offset > end:
+            parts.append(rules.gap_marker(segment.stream, segment.offset - end, at_line_start=at_line_start))
+        log.stream_ends = {**log.stream_ends, segment.stream: segment.offset + len(segment.data)}
+        parts.append(rules.mask(segment.data, secrets))
+        data = b"".join(parts)
+        room = settings.log_max_bytes - position
+        if len(data) > room and not log.truncated:
+            data = data[: max(0, room)]
+            at_end = data.endswith(b"\n") if data else bool(newline.get(segment.stream, True))
+            data += rules.truncation_marker(settings.log_max_bytes, at_line_start=at_end)
+            log.truncated = True
+        elif log.truncated:
+            data = b""
+        if data:
+            newline[segment.stream] = data.endswith(b"\n")
+        # Empty segments are kept too: part 0 carries the chunk's digest for replays.
+        rows.append(
+            LogChunk(
+                attempt_id=ctx.attempt.pk,
+                seq=chunk.seq,
+                part=index,
+                stream=segment.stream,
+                offset=segment.offset,
+                position=position,
+                size=len(data),
+                data=data,
+                sent_sha256=digest if index == 0 else "",
+                created_at=ctx.now,
+            )
+        )
+        position += len(data)
+    LogChunk.objects.bulk_create(rows)
+    log.stored_bytes = position
+    log.stream_newline = newline
     log.next_seq = chunk.seq + 1
-    log.stream_ends = {**log.stream_ends, chunk.stream: chunk.offset + len(chunk.data)}
-    log.window_bytes += len(chunk.data)
+    log.window_bytes += chunk.size
     log.save()
     return _result("truncated" if log.truncated else "stored", log)
 
@@ -219,7 +244,7 @@ def log_compact(*, attempt_id: uuid.UUID) -> bool:
     now = db_now()
     rows = list(
         LogChunk.objects.filter(attempt_id=attempt_id)
-        .order_by("position")
+        .order_by("position", "seq", "part")
         .values_list("position", "size", "stream", "data")
     )
     name = storage.put(rules.object_name(attempt_id), b"".join(bytes(row[3]) for row in rows))
@@ -259,6 +284,7 @@ def output_expire(*, attempt_id: uuid.UUID) -> int:
         names.append(artifact.storage_name)
         artifact.delete()
         deleted += 1
+
     def remove_objects() -> None:
         for name in names:
             storage.remove(name)

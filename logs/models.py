@@ -53,11 +53,12 @@ class AttemptLog(models.Model):
 
 
 class LogChunk(models.Model):
-    """One accepted chunk (or a marker-only row) of a live log, until compaction."""
+    """One segment (one stream's bytes) of an accepted chunk of a live log, until compaction."""
 
     attempt = models.ForeignKey(RunAttempt, on_delete=models.CASCADE, related_name="log_chunks")
-    #: The worker's sequence number (None for a marker written by the control plane alone).
-    seq = models.PositiveIntegerField(null=True, blank=True)
+    #: The worker's sequence number, and the segment's place in that chunk.
+    seq = models.PositiveIntegerField()
+    part = models.PositiveSmallIntegerField(default=0)
     stream = models.CharField(max_length=8)
     #: The agent's monotonic offset of the chunk's first byte within its stream.
     offset = models.PositiveBigIntegerField(default=0)
@@ -66,14 +67,15 @@ class LogChunk(models.Model):
     #: Stored bytes (``len(data)``: markers included, secrets masked).
     size = models.PositiveIntegerField()
     data = models.BinaryField()
-    #: SHA-256 of the chunk as sent (stream, offset, dropped, raw bytes): an exact replay matches.
+    #: SHA-256 of the whole chunk as sent (every segment's stream, offset and bytes; kept on part 0):
+    #: an exact replay matches it.
     sent_sha256 = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField()
 
     class Meta:
         ordering = ["attempt", "position"]
         constraints = [
-            models.UniqueConstraint(fields=["attempt", "seq"], name="logchunk_seq_unique"),
+            models.UniqueConstraint(fields=["attempt", "seq", "part"], name="logchunk_seq_unique"),
             models.CheckConstraint(
                 condition=Q(stream__in=["stdout", "stderr"]), name="logchunk_stream_valid"
             ),

@@ -43,7 +43,7 @@ def _pieces(log: AttemptLog, after: int) -> Iterator[tuple[int, str, bytes | Non
     rows = (
         LogChunk.objects.annotate(end=F("position") + F("size"))
         .filter(attempt_id=log.pk, end__gt=after)
-        .order_by("position")
+        .order_by("position", "seq", "part")
         .values_list("position", "stream", "data")
     )
     for position, stream, data in rows.iterator(chunk_size=32):

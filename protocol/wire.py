@@ -37,6 +37,8 @@ OUTPUT_TAIL_BYTES = 8 * 1024
 LOG_CHUNK_BYTES = 32 * 1024
 #: Largest artifact part (raw bytes before base64): fits the ARTIFACT_UPLOAD body limit.
 ARTIFACT_PART_BYTES = 64 * 1024
+#: Most segments (runs of one stream's bytes) in one log chunk.
+MAX_LOG_SEGMENTS = 64
 #: Streams a log chunk may name.
 LOG_STREAMS = ("stdout", "stderr")
 #: Most offers one claim request may ask for.

@@ -11,7 +11,7 @@ from rest_framework import serializers
 
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer
 from api.leases.serializers import MAX_COUNTER, LeaseFenceSerializer
-from protocol.wire import ARTIFACT_PART_BYTES, LOG_CHUNK_BYTES, LOG_STREAMS
+from protocol.wire import ARTIFACT_PART_BYTES, LOG_CHUNK_BYTES, LOG_STREAMS, MAX_LOG_SEGMENTS
 
 #: Offsets and sizes stay exact in every JSON reader (2^53).
 MAX_OFFSET = 2**53 - 1
@@ -36,11 +36,24 @@ class Base64Field(StrictCharField):
         return decoded
 
 
-class LogChunkSerializer(LeaseFenceSerializer):
-    seq = StrictIntegerField(min_value=1, max_value=MAX_COUNTER)
+class LogSegmentSerializer(StrictSerializer):
     stream = serializers.ChoiceField(choices=list(LOG_STREAMS))
     offset = StrictIntegerField(min_value=0, max_value=MAX_OFFSET)
     content = Base64Field(max_bytes=LOG_CHUNK_BYTES)
+
+
+class LogChunkSerializer(LeaseFenceSerializer):
+    seq = StrictIntegerField(min_value=1, max_value=MAX_COUNTER)
+    # DRF passes min_length/max_length on to the ListSerializer that many=True builds.
+    segments = LogSegmentSerializer(  # type: ignore[call-arg]
+        many=True, min_length=1, max_length=MAX_LOG_SEGMENTS
+    )
+
+    def validate_segments(self, value):
+        total = sum(len(segment["content"]) for segment in value)
+        if total > LOG_CHUNK_BYTES:
+            raise serializers.ValidationError(f"at most {LOG_CHUNK_BYTES} bytes in all segments")
+        return value
 
 
 class LogChunkOutSerializer(serializers.Serializer):

@@ -9,7 +9,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework.response import Response
 
 from actions.artifacts import Part, artifact_upload
-from actions.logs import Chunk, log_append
+from actions.logs import Chunk, Segment, log_append
 from api.base import OperatorAPIView, WorkerAPIView, validated
 from core.conf import output
 from logs import selectors
@@ -47,7 +47,13 @@ class LogAppendView(OutputWorkerView):
         data = validated(s.LogChunkSerializer, request)
         result = log_append(
             **_lease_fence(self, data),
-            chunk=Chunk(seq=data["seq"], stream=data["stream"], offset=data["offset"], data=data["content"]),
+            chunk=Chunk(
+                seq=data["seq"],
+                segments=tuple(
+                    Segment(stream=part["stream"], offset=part["offset"], data=part["content"])
+                    for part in data["segments"]
+                ),
+            ),
         )
         out = {
             "status": result.status,

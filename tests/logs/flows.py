@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from actions.artifacts import Part, UploadResult, artifact_upload
-from actions.logs import AppendResult, Chunk, log_append
+from actions.logs import AppendResult, Chunk, Segment, log_append
 from logs.models import Artifact, ArtifactPart, AttemptLog, LogChunk
 from tests.leases.flows import Held
 
@@ -13,13 +13,21 @@ from tests.leases.flows import Held
 def append(
     held: Held, seq: int, data: bytes, stream: str = "stdout", offset: int | None = None, **fence
 ) -> AppendResult:
-    """Send one chunk; ``offset`` defaults to the bytes of ``stream`` already sent by ``held``."""
+    """Send a chunk of one segment; ``offset`` defaults to the bytes of ``stream`` already sent."""
+    return append_segments(held, seq, [(stream, offset, data)], **fence)
+
+
+def append_segments(
+    held: Held, seq: int, segments: list[tuple[str, int | None, bytes]], **fence
+) -> AppendResult:
+    """Send one chunk of several segments ``(stream, offset or None, bytes)``."""
     sent = held.__dict__.setdefault("_sent", {})
-    if offset is None:
-        offset = sent.get(stream, 0)
-    result = log_append(**held.fence(**fence), chunk=Chunk(seq=seq, stream=stream, offset=offset, data=data))
-    sent[stream] = max(sent.get(stream, 0), offset + len(data))
-    return result
+    parts = []
+    for stream, offset, data in segments:
+        at = sent.get(stream, 0) if offset is None else offset
+        parts.append(Segment(stream=stream, offset=at, data=data))
+        sent[stream] = max(sent.get(stream, 0), at + len(data))
+    return log_append(**held.fence(**fence), chunk=Chunk(seq=seq, segments=tuple(parts)))
 
 
 def upload(

@@ -13,7 +13,7 @@ from logs.selectors import read_log
 from runs.revisions import OutputSpec
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, complete, expire_lease, start, starting
-from tests.logs.flows import append, output_rows
+from tests.logs.flows import append, append_segments, output_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -194,3 +194,19 @@ def test_compaction_writes_one_object_and_reads_stay_the_same(output_dir):
     assert read_log(attempt, after=8, stream="stderr").data == b""
     assert read_log(attempt, after=4, stream="stderr").data == b"err\n"
     assert read_log(attempt, after=2).data == live[2:]
+
+
+def test_one_chunk_interleaves_both_streams_in_read_order():
+    held, _ = running()
+    answer = append_segments(
+        held, 1, [("stdout", None, b"a\n"), ("stderr", None, b"b\n"), ("stdout", None, b"c\n")]
+    )
+    assert (answer.status, answer.stored_bytes) == ("stored", 6)
+    assert text(held) == b"a\nb\nc\n"
+    assert read_log(held.attempt(), stream="stdout").data == b"a\nc\n"
+    assert append_segments(
+        held, 1, [("stdout", 0, b"a\n"), ("stderr", 0, b"b\n"), ("stdout", 2, b"c\n")]
+    ).status == ("idempotent")
+    with pytest.raises(DomainError) as refused:
+        append_segments(held, 2, [("stderr", 0, b"again\n")])
+    assert (refused.value.code, refused.value.field) == ("log_chunk_conflict", "segments[0].offset")
