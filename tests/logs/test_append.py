@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from actions.leases.expiry import sweep_expired_leases
 from actions.logs import log_compact
 from core.errors import DomainError
 from logs import rules
@@ -210,3 +211,16 @@ def test_one_chunk_interleaves_both_streams_in_read_order():
     with pytest.raises(DomainError) as refused:
         append_segments(held, 2, [("stderr", 0, b"again\n")])
     assert (refused.value.code, refused.value.field) == ("log_chunk_conflict", "segments[0].offset")
+
+
+def test_a_chunk_for_a_released_lease_is_refused():
+    held, _ = running()
+    append(held, 1, b"before\n")
+    expire_lease(held.attempt_id)
+    assert sweep_expired_leases() >= 1
+    assert held.lease().state == "released"
+    before = output_rows()
+    with pytest.raises(DomainError) as refused:
+        append(held, 2, b"after\n")
+    assert refused.value.code == "lease_released"
+    assert output_rows() == before
