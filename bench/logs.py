@@ -94,7 +94,8 @@ def main() -> int:
     figures = collect(results, processes, seconds)
     total = sum(sent / wall for sent, wall in figures) / mib
     print(
-        f"log throughput, {LOGGERS} workers at once: {total / LOGGERS:.2f} MiB/s per worker, {total:.1f} MiB/s in all"
+        f"log throughput, {LOGGERS} workers at once: {total / LOGGERS:.3f} MiB/s per worker, "
+        f"{total:.2f} MiB/s in all"
     )
 
     connections.close_all()
