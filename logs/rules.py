@@ -74,3 +74,13 @@ def object_name(attempt_id: object) -> str:
 def artifact_object_name(attempt_id: object, artifact_id: int) -> str:
     """Storage name of one artifact (by id: names may hold any characters)."""
     return f"artifacts/{attempt_id}/{artifact_id}"
+
+
+def mask_text(text: str, env: dict[str, str], names: list[str]) -> str:
+    """``text`` with the secret ``env`` values named in ``names`` masked (the output tails a
+    completion carries; same rule as the stored log)."""
+    for value in sorted(
+        (env[n] for n in names if len(env.get(n, "")) >= MIN_SECRET_CHARS), key=len, reverse=True
+    ):
+        text = text.replace(value, MASK.decode())
+    return text

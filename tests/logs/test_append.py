@@ -224,3 +224,10 @@ def test_a_chunk_for_a_released_lease_is_refused():
         append(held, 2, b"after\n")
     assert refused.value.code == "lease_released"
     assert output_rows() == before
+
+
+def test_the_completion_tails_are_masked_too():
+    env = {"API_TOKEN": "s3cr3t-value"}
+    held, _ = running(env=env, output=OutputSpec(secret_env=("API_TOKEN",)))
+    complete(held, stdout="the token is s3cr3t-value\n")
+    assert held.attempt().stdout_tail == "the token is [MASKED]\n"
