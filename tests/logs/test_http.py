@@ -9,6 +9,7 @@ import hashlib
 
 import pytest
 
+from actions.runs import sweep_due_retries
 from actions.sessions.shutdown import session_operator_offline
 from logs.models import LogChunk
 from protocol import wire
@@ -23,7 +24,8 @@ from tests.helpers import (
     refused,
     register,
 )
-from tests.logs.flows import output_rows
+from tests.leases.flows import claim_one, complete, make_retry_due, start
+from tests.logs.flows import append, output_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -206,3 +208,25 @@ def test_reading_logs_needs_the_view_run_permission(client, started):
     _, _, run, _ = started
     assert client.get(f"/api/v1/ops/runs/{run.pk}/log").status_code in (401, 403)
     assert client.get(f"/api/v1/ops/runs/{run.pk}/artifacts").status_code in (401, 403)
+
+
+def test_each_attempt_keeps_its_own_log(client):
+    worker = enrolled_worker()
+    session = register(worker)
+    run = enqueue(make_revision(max_attempts=2, retry_on=("failed",), retry_backoff_seconds=1))
+    first = start(claim_one(session))
+    append(first, 1, b"first attempt\n")
+    complete(first, outcome="failed", exit_code=1)
+    make_retry_due(run.pk)
+    assert sweep_due_retries() == 1
+    second = start(claim_one(session))
+    append(second, 1, b"second attempt\n")
+    headers = operator_headers("v", role="viewer")
+    latest = client.get(f"/api/v1/ops/runs/{run.pk}/log", headers=headers)
+    assert (latest.content, latest["X-Log-Attempt"], latest["X-Log-Complete"]) == (
+        b"second attempt\n",
+        "2",
+        "false",
+    )
+    earlier = client.get(f"/api/v1/ops/runs/{run.pk}/log?attempt=1", headers=headers)
+    assert (earlier.content, earlier["X-Log-Complete"]) == (b"first attempt\n", "true")
