@@ -4,16 +4,19 @@ verified, fenced by the run lease like every worker write, downloadable by opera
 from __future__ import annotations
 
 import hashlib
+from datetime import timedelta
 
 import pytest
 
 from actions.artifacts import Part, artifact_upload
+from actions.logs import log_compact, sweep_output_retention
+from core.db import db_now
 from core.errors import DomainError
-from logs.models import Artifact, ArtifactPart
+from logs.models import Artifact, ArtifactPart, AttemptLog
 from runs.revisions import OutputSpec
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, complete, start
-from tests.logs.flows import output_rows, upload
+from tests.logs.flows import append, output_rows, upload
 
 pytestmark = pytest.mark.django_db
 
@@ -120,3 +123,25 @@ def test_parts_arrive_in_order():
         "offset",
         {"expectedOffset": 0},
     )
+
+
+def test_the_retention_sweep_deletes_expired_logs_and_artifacts(
+    output_dir, django_capture_on_commit_callbacks
+):
+    held, _ = running()
+    append(held, 1, b"kept for a while\n")
+    stored = upload(held, "report.json", b"{}")
+    complete(held)
+    assert log_compact(attempt_id=held.attempt_id)
+    log = AttemptLog.objects.get(pk=held.attempt_id)
+    artifact = Artifact.objects.get(pk=stored.artifact_id)
+    files = [output_dir / log.object_name, output_dir / artifact.storage_name]
+    assert all(path.exists() for path in files)
+    assert sweep_output_retention() == 0  # not expired yet
+    past = db_now() - timedelta(seconds=1)
+    AttemptLog.objects.filter(pk=held.attempt_id).update(expires_at=past)
+    Artifact.objects.filter(pk=artifact.pk).update(expires_at=past)
+    with django_capture_on_commit_callbacks(execute=True):  # the objects go once the rows' delete commits
+        assert sweep_output_retention() == 2
+    assert not AttemptLog.objects.exists() and not Artifact.objects.exists()
+    assert not any(path.exists() for path in files)
