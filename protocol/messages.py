@@ -226,6 +226,46 @@ class CompleteAnswer(TypedDict):
     outcome: str
 
 
+class LogSegment(TypedDict):
+    """One stream's bytes in a log chunk: ``offset`` is the agent's monotonic byte offset of the
+    first byte within that stream; ``content`` base64 (docs/logs.md)."""
+
+    stream: str
+    offset: int
+    content: str
+
+
+class LogChunk(LeaseFence):
+    """``POST lease/log``: chunk ``seq`` (from 1 per attempt) of the attempt's output."""
+
+    seq: int
+    segments: list[LogSegment]
+
+
+class LogChunkAnswer(TypedDict):
+    status: str  # stored | idempotent | truncated
+    nextSeq: int
+    intervalSeconds: float
+    truncated: bool
+    storedBytes: int
+
+
+class ArtifactPart(LeaseFence):
+    """``POST lease/artifact``: one part (in order) of a declared output file (docs/logs.md)."""
+
+    name: str
+    size: int
+    sha256: str
+    offset: int
+    content: str
+
+
+class ArtifactPartAnswer(TypedDict):
+    status: str  # receiving | stored | idempotent
+    receivedBytes: int
+    artifactId: int
+
+
 #: The request body of every worker endpoint.
 REQUESTS: dict[str, type] = {
     wire.ENROLL: Enroll,
@@ -241,6 +281,8 @@ REQUESTS: dict[str, type] = {
     wire.LEASE_RENEW: VersionedLease,
     wire.LEASE_RELEASE: VersionedLease,
     wire.LEASE_COMPLETE: Complete,
+    wire.LOG_APPEND: LogChunk,
+    wire.ARTIFACT_UPLOAD: ArtifactPart,
 }
 
 #: The answer body of every worker endpoint.
@@ -258,4 +300,6 @@ ANSWERS: dict[str, type] = {
     wire.LEASE_RENEW: AckAnswer,
     wire.LEASE_RELEASE: AckAnswer,
     wire.LEASE_COMPLETE: CompleteAnswer,
+    wire.LOG_APPEND: LogChunkAnswer,
+    wire.ARTIFACT_UPLOAD: ArtifactPartAnswer,
 }

@@ -26,7 +26,7 @@ BODY_LIMITS = {
     SESSION_REGISTER: 20 * 1024,
     LEASE_COMPLETE: 24 * 1024,
     LOG_APPEND: 64 * 1024,
-    ARTIFACT_UPLOAD: 96 * 1024,
+    ARTIFACT_UPLOAD: 64 * 1024,
 }
 DEFAULT_BODY_LIMIT = 4 * 1024
 
@@ -36,7 +36,7 @@ OUTPUT_TAIL_BYTES = 8 * 1024
 #: the LOG_APPEND body limit.
 LOG_CHUNK_BYTES = 32 * 1024
 #: Largest artifact part (raw bytes before base64): fits the ARTIFACT_UPLOAD body limit.
-ARTIFACT_PART_BYTES = 64 * 1024
+ARTIFACT_PART_BYTES = 32 * 1024
 #: Most segments (runs of one stream's bytes) in one log chunk.
 MAX_LOG_SEGMENTS = 64
 #: Streams a log chunk may name.

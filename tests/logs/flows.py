@@ -31,7 +31,7 @@ def append_segments(
 
 
 def upload(
-    held: Held, name: str, content: bytes, part_bytes: int = 65536, sha256: str | None = None, **fence
+    held: Held, name: str, content: bytes, part_bytes: int = 32768, sha256: str | None = None, **fence
 ) -> UploadResult:
     """Upload a whole artifact in parts; returns the last answer."""
     digest = sha256 or hashlib.sha256(content).hexdigest()

@@ -33,7 +33,7 @@ def running(output=DECLARED):
 
 def test_an_artifact_uploaded_in_parts_is_stored_with_its_checksum(output_dir):
     held, run = running()
-    content = bytes(range(256)) * 700  # 179,200 bytes: three parts
+    content = bytes(range(256)) * 700  # 179,200 bytes: six parts
     result = upload(held, "out/data.txt", content)
     assert result.status == "stored"
     artifact = Artifact.objects.get(pk=result.artifact_id)

@@ -162,7 +162,7 @@ def test_a_chunk_after_an_operator_took_the_session_offline_is_refused_and_store
 
 def test_an_artifact_round_trip_and_an_over_limit_refusal(client, started, output_dir):
     api, _, run, fence = started
-    content = bytes(range(256)) * 300  # 76,800 bytes: two parts
+    content = bytes(range(256)) * 300  # 76,800 bytes: three parts
     digest = hashlib.sha256(content).hexdigest()
     step = wire.ARTIFACT_PART_BYTES
     for offset in range(0, len(content), step):
