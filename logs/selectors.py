@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import IO
 
 from django.db.models import F
 
@@ -14,6 +16,8 @@ from runs.states import ATTEMPT_TERMINAL
 
 from . import storage
 from .models import Artifact, ArtifactState, AttemptLog, LogChunk
+
+log = logging.getLogger(__name__)
 
 #: Most bytes one read answers; a follower asks again from the next offset.
 READ_LIMIT_BYTES = 1024 * 1024
@@ -75,7 +79,7 @@ def read_log(
             continue
         length = min(size - start, limit - taken)
         if data is None:
-            piece = storage.read(log.object_name, position + start, length)
+            piece = _read_object(log, position + start, length)
         else:
             piece = data[start : start + length]
         out.append(piece)
@@ -85,6 +89,31 @@ def read_log(
         if stream is not None:  # everything stored when the read began was examined
             next_offset = max(next_offset, log.stored_bytes)
     return LogSlice(b"".join(out), next_offset, complete, log.truncated, log.stored_bytes)
+
+
+def _read_object(log_row: AttemptLog, start: int, length: int) -> bytes:
+    """Bytes of a compacted log object. Raises ``log_gone`` (one warning line) when the object
+    is missing from the output storage."""
+    try:
+        return storage.read(log_row.object_name, start, length)
+    except OSError as exc:
+        log.warning("compacted log %s of attempt %s is missing: %s", log_row.object_name, log_row.pk, exc)
+        raise DomainError(
+            "log_gone", "the stored log of this attempt is missing from the output storage"
+        ) from exc
+
+
+def open_artifact(artifact: Artifact) -> IO[bytes]:
+    """The stored object of an artifact, opened for reading. Raises ``artifact_gone`` (one
+    warning line) when the object is missing from the output storage."""
+    try:
+        return storage.output_storage().open(artifact.storage_name, "rb")
+    except OSError as exc:
+        log.warning("artifact %s (%s) of attempt %s is missing: %s", artifact.pk, artifact.storage_name,
+                    artifact.attempt_id, exc)
+        raise DomainError(
+            "artifact_gone", "the stored file of this artifact is missing from the output storage"
+        ) from exc
 
 
 def attempt_artifacts(attempt_ids: list[uuid.UUID]) -> list[Artifact]:

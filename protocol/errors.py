@@ -330,6 +330,18 @@ CATALOGUE: dict[str, ErrorSpec] = {
     ),
     "artifact_not_found": ErrorSpec(404, "No such artifact (or it expired).", WorkerAction.NONE),
     "log_not_found": ErrorSpec(404, "No such attempt of this run, or its log expired.", WorkerAction.NONE),
+    "artifact_gone": ErrorSpec(
+        410,
+        "The artifact's row exists but its stored object is missing from the output storage "
+        "(deleted outside the control plane); nothing can be downloaded.",
+        WorkerAction.NONE,
+    ),
+    "log_gone": ErrorSpec(
+        410,
+        "The attempt's compacted log object is missing from the output storage (deleted outside "
+        "the control plane); its bytes cannot be read.",
+        WorkerAction.NONE,
+    ),
     # --- schedules (docs/schedules.md) --------------------------------------------------------
     "schedule_not_found": ErrorSpec(404, "No such schedule.", WorkerAction.NONE),
     "schedule_version_conflict": ErrorSpec(

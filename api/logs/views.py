@@ -13,7 +13,6 @@ from actions.logs import Chunk, Segment, log_append
 from api.base import OperatorAPIView, WorkerAPIView, validated
 from core.conf import output
 from logs import selectors
-from logs.storage import output_storage
 from protocol import wire
 
 from . import serializers as s
@@ -161,7 +160,7 @@ class ArtifactDownloadView(OperatorAPIView):
     def get(self, request, run_id, artifact_id: int):
         artifact = selectors.run_artifact(run_id, artifact_id)
         response = FileResponse(
-            output_storage().open(artifact.storage_name, "rb"),
+            selectors.open_artifact(artifact),
             as_attachment=True,
             filename=artifact.name.rsplit("/", 1)[-1],
             content_type="application/octet-stream",

@@ -9,9 +9,10 @@ import hashlib
 
 import pytest
 
+from actions.logs import log_compact
 from actions.runs import sweep_due_retries
 from actions.sessions.shutdown import session_operator_offline
-from logs.models import LogChunk
+from logs.models import Artifact, AttemptLog, LogChunk
 from protocol import wire
 from runs.revisions import OutputSpec
 from tests.helpers import (
@@ -25,7 +26,7 @@ from tests.helpers import (
     register,
 )
 from tests.leases.flows import claim_one, complete, make_retry_due, start
-from tests.logs.flows import append, output_rows
+from tests.logs.flows import append, output_rows, upload
 
 pytestmark = pytest.mark.django_db
 
@@ -230,3 +231,34 @@ def test_each_attempt_keeps_its_own_log(client):
     )
     earlier = client.get(f"/api/v1/ops/runs/{run.pk}/log?attempt=1", headers=headers)
     assert (earlier.content, earlier["X-Log-Complete"]) == (b"first attempt\n", "true")
+
+
+def _warnings(caplog, needle: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and needle in r.getMessage()]
+
+
+def test_an_artifact_whose_stored_file_was_deleted_is_a_410_and_one_warning(client, output_dir, caplog):
+    run = enqueue(make_revision(output=OutputSpec(paths=("*.bin",))))
+    held = start(claim_one(register(enrolled_worker())))
+    upload(held, "gone.bin", b"bytes that will vanish")
+    artifact = Artifact.objects.get(run_id=run.pk, name="gone.bin")
+    (output_dir / artifact.storage_name).unlink()
+    headers = operator_headers("reader", role="viewer")
+    answer = client.get(f"/api/v1/ops/runs/{run.pk}/artifacts/{artifact.pk}", headers=headers)
+    refused(answer, 410, "artifact_gone")
+    assert answer["Content-Type"].startswith("application/json")
+    assert len(_warnings(caplog, artifact.storage_name)) == 1
+
+
+def test_a_compacted_log_whose_object_was_deleted_is_a_410_and_one_warning(client, output_dir, caplog):
+    run = enqueue(make_revision())
+    held = start(claim_one(register(enrolled_worker())))
+    append(held, 1, b"soon gone\n")
+    complete(held)
+    assert log_compact(attempt_id=held.attempt_id) is True
+    name = AttemptLog.objects.get(pk=held.attempt_id).object_name
+    (output_dir / name).unlink()
+    headers = operator_headers("reader", role="viewer")
+    answer = client.get(f"/api/v1/ops/runs/{run.pk}/log", headers=headers)
+    refused(answer, 410, "log_gone")
+    assert len(_warnings(caplog, name)) == 1
