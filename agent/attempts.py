@@ -15,14 +15,19 @@ Timing rules (docs/leases.md):
   (SIGTERM, ``cancel_grace``, SIGKILL) within one renew interval of the request;
 * the job's output is shipped live under the lease (``agent.output``); after the job ends the
   rest of the log is sent and the declared artifacts uploaded (``agent.artifacts``), still
-  renewing, and only then is the completion reported (docs/logs.md).
+  renewing, and only then is the completion reported (docs/logs.md);
+* each attempt runs in a work directory of its own, ``<work dir>/<attempt id>`` (the job's cwd,
+  where its artifact globs are matched), removed once the artifacts were uploaded and the
+  completion reported, so concurrent attempts never see each other's files.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -86,6 +91,8 @@ class AttemptRunner(threading.Thread):
         self._cancel = threading.Event()
         self._abandon = threading.Event()
         self.execution: Execution | None = None
+        #: This attempt's own work directory: the job's cwd and the root of its artifact globs.
+        self.work_dir = agent.settings.work_dir / str(uuid.UUID(offer["lease"]["attemptId"]))
         self.output = OutputBuffer()
         self.shipper = LogShipper(self.output, self._send_log, name=f"log-{offer['lease']['attemptId'][:8]}")
         self._lease_window = 2.0 * self.lease["renewIntervalSeconds"]
@@ -131,6 +138,9 @@ class AttemptRunner(threading.Thread):
                 self.execution.stop("cancelled")
         finally:
             self.shipper.stop()
+            # The artifacts were uploaded and the completion reported (or the attempt abandoned,
+            # its process stopped): nothing of this attempt needs its files any more.
+            shutil.rmtree(self.work_dir, ignore_errors=True)
             self.agent.runner_done(self.lease["attemptId"])
 
     def _renew(self, *, patience: float) -> m.AckAnswer:
@@ -193,7 +203,7 @@ class AttemptRunner(threading.Thread):
                 command=spec["command"],
                 env=spec["env"],
                 timeout_seconds=spec["timeoutSeconds"],
-                work_dir=self.agent.settings.work_dir,
+                work_dir=self.work_dir,
                 kill_in=lease_deadline - guard_margin(lease_window) - time.monotonic(),
                 user=self.agent.settings.job_user,
                 output=self.output,
@@ -291,7 +301,7 @@ class AttemptRunner(threading.Thread):
                 self.shipper.finish(OUTPUT_FLUSH_SECONDS)
                 outputs = self.spec.get("outputs")
                 if outputs and not self.shipper.lost and not self._abandon.is_set():
-                    upload_all(self.agent.settings.work_dir, outputs, self._send_artifact)
+                    upload_all(self.work_dir, outputs, self._send_artifact)
             except Stop as stop:
                 self.agent.fail(stop)
                 self._abandon.set()

@@ -119,6 +119,12 @@ class Execution:
         #: Tags every process of this job (agent/guard.py), so that none outlives it.
         self.cookie = secrets.token_hex(16)
         work_dir.mkdir(parents=True, exist_ok=True)
+        if user is not None:  # the job's user works in its directory (agent/cli.py hands it the parent)
+            try:
+                entry = pwd.getpwnam(user)
+                os.chown(work_dir, entry.pw_uid, entry.pw_gid)
+            except (KeyError, OSError) as exc:
+                raise StartFailed(f"cannot hand the work directory to {user}: {exc}") from exc
         if executor == "shell":
             argv = ["/bin/sh", "-c", command]
         elif executor in INTERPRETERS:
