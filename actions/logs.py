@@ -17,6 +17,7 @@ from leases.fence import fence_lease, require_active
 from logs import rules, storage
 from logs.locks import lock_attempt_log, lock_expired_artifacts
 from logs.models import Artifact, AttemptLog, LogChunk
+from protocol import masking
 from runs.models import RunAttempt
 from runs.states import ATTEMPT_TERMINAL, AttemptState
 
@@ -166,6 +167,7 @@ def log_append(
     revision = ctx.run.revision
     secrets = rules.secret_values(revision.env, revision.secret_env)
     newline = dict(log.stream_newline)
+    tails = {stream: tail.encode("latin-1") for stream, tail in log.stream_tails.items()}
     sequence_gap = chunk.seq > log.next_seq
     rows: list[LogChunk] = []
     position = log.stored_bytes
@@ -179,7 +181,8 @@ def log_append(
         if segment.offset > end:
             parts.append(rules.gap_marker(segment.stream, segment.offset - end, at_line_start=at_line_start))
         log.stream_ends = {**log.stream_ends, segment.stream: segment.offset + len(segment.data)}
-        parts.append(rules.mask(segment.data, secrets))
+        masked = _mask_segment(ctx.attempt.pk, segment, bool(parts), secrets, tails, rows)
+        parts.append(masked)
         data = b"".join(parts)
         room = settings.log_max_bytes - position
         if len(data) > room and not log.truncated:
@@ -210,10 +213,61 @@ def log_append(
     LogChunk.objects.bulk_create(rows)
     log.stored_bytes = position
     log.stream_newline = newline
+    if secrets:
+        log.stream_tails = {stream: tail.decode("latin-1") for stream, tail in tails.items()}
     log.next_seq = chunk.seq + 1
     log.window_bytes += chunk.size
     log.save()
     return _result("truncated" if log.truncated else "stored", log)
+
+
+def _mask_segment(
+    attempt_id: uuid.UUID,
+    segment: Segment,
+    after_marker: bool,
+    secrets: list[bytes],
+    tails: dict[str, bytes],
+    rows: list[LogChunk],
+) -> bytes:
+    """The segment's bytes with secrets masked, also one that began in the stream's last stored
+    bytes (``tails``): its part here becomes ``[MASKED]`` and its part already stored is
+    overwritten with ``*`` (same length, so positions hold) in this chunk's ``rows`` or the stored
+    rows. Updates ``tails``. A marker before the segment breaks the stream's continuity."""
+    if not secrets:
+        return rules.mask(segment.data, secrets)
+    tail = b"" if after_marker else tails.get(segment.stream, b"")
+    covered, cut = masking.straddling(tail, segment.data, secrets)
+    masked = rules.mask(segment.data[cut:], secrets)
+    if covered:
+        masked = rules.MASK + masked
+        _overwrite_stored_end(attempt_id, segment.stream, covered, rows)
+        tail = tail[: len(tail) - covered] + b"*" * covered
+    keep = max(len(value) for value in secrets) - 1
+    tails[segment.stream] = (tail + masked)[-keep:] if keep else b""
+    return masked
+
+
+def _overwrite_stored_end(attempt_id: uuid.UUID, stream: str, count: int, rows: list[LogChunk]) -> None:
+    """Overwrite the last ``count`` stored bytes of ``stream`` with ``*``: first in this chunk's
+    unsaved ``rows``, then in the attempt's stored rows (newest first)."""
+    for row in [row for row in reversed(rows) if row.stream == stream and row.size]:
+        count = _star_end(row, count)
+        if not count:
+            return
+    for row in LogChunk.objects.filter(attempt_id=attempt_id, stream=stream, size__gt=0).order_by(
+        "-position"
+    ):
+        count = _star_end(row, count)
+        row.save(update_fields=["data"])
+        if not count:
+            return
+
+
+def _star_end(row: LogChunk, count: int) -> int:
+    data = bytes(row.data)
+    take = min(count, len(data))
+    row.data = data[: len(data) - take] + b"*" * take
+    return count - take
 
 
 def _merged_index(rows: list[tuple[int, int, str]]) -> list[list]:

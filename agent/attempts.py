@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from protocol import messages as m
 from protocol import wire
+from protocol.masking import secret_values
 
 from .artifacts import upload_all
 from .calls import Stop
@@ -93,7 +94,8 @@ class AttemptRunner(threading.Thread):
         self.execution: Execution | None = None
         #: This attempt's own work directory: the job's cwd and the root of its artifact globs.
         self.work_dir = agent.settings.work_dir / str(uuid.UUID(offer["lease"]["attemptId"]))
-        self.output = OutputBuffer()
+        # Secret env values are masked before anything is sent (protocol/masking.py).
+        self.output = OutputBuffer(secrets=secret_values(self.spec["env"], self.spec.get("secretEnv", [])))
         self.shipper = LogShipper(self.output, self._send_log, name=f"log-{offer['lease']['attemptId'][:8]}")
         self._lease_window = 2.0 * self.lease["renewIntervalSeconds"]
         self._lease_deadline = 0.0

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from protocol.masking import StreamMasker
 from protocol.wire import LOG_CHUNK_BYTES, LOG_STREAMS, MAX_LOG_SEGMENTS
 
 from .calls import Stop
@@ -47,8 +48,11 @@ Segment = tuple[str, int, bytes]
 class OutputBuffer:
     """A bounded FIFO of ``(stream, offset, bytes)`` pieces, oldest dropped first when full."""
 
-    def __init__(self, limit: int = BUFFER_BYTES) -> None:
+    def __init__(self, limit: int = BUFFER_BYTES, secrets: list[bytes] | None = None) -> None:
+        """``secrets``: values masked before anything is buffered (``protocol.masking``); the
+        offsets count the masked bytes, which are what the control plane receives."""
         self.limit = limit
+        self._maskers = {stream: StreamMasker(secrets or []) for stream in LOG_STREAMS}
         self._pieces: deque[tuple[str, int, bytes]] = deque()
         self._size = 0
         self._lock = threading.Lock()
@@ -67,24 +71,36 @@ class OutputBuffer:
         """Append bytes read from ``stream``; never blocks beyond the lock, never grows past
         ``limit`` (the oldest bytes go first)."""
         with self._lock:
-            offset = self.read_offsets[stream]
-            self.read_offsets[stream] = offset + len(data)
-            if self.discarding or not data:
-                return
-            self._pieces.append((stream, offset, data))
-            self._size += len(data)
-            while self._size > self.limit:
-                old_stream, old_offset, old = self._pieces.popleft()
-                excess = self._size - self.limit
-                if len(old) > excess:  # keep the newest part of the oldest piece
-                    self._pieces.appendleft((old_stream, old_offset + excess, old[excess:]))
-                    self._size -= excess
-                    self.dropped[old_stream] += excess
-                else:
-                    self._size -= len(old)
-                    self.dropped[old_stream] += len(old)
+            self._append(stream, self._maskers[stream].feed(data))
         if self._size >= LOG_CHUNK_BYTES:
             self.data_ready.set()
+
+    def end_streams(self) -> None:
+        """Both streams ended (the job exited, its pipes drained): buffer the bytes each masker
+        held back as a possible secret's beginning."""
+        with self._lock:
+            for stream, masker in self._maskers.items():
+                self._append(stream, masker.flush())
+        self.data_ready.set()
+
+    def _append(self, stream: str, data: bytes) -> None:
+        """Buffer masked bytes of ``stream`` (the lock is held)."""
+        offset = self.read_offsets[stream]
+        self.read_offsets[stream] = offset + len(data)
+        if self.discarding or not data:
+            return
+        self._pieces.append((stream, offset, data))
+        self._size += len(data)
+        while self._size > self.limit:
+            old_stream, old_offset, old = self._pieces.popleft()
+            excess = self._size - self.limit
+            if len(old) > excess:  # keep the newest part of the oldest piece
+                self._pieces.appendleft((old_stream, old_offset + excess, old[excess:]))
+                self._size -= excess
+                self.dropped[old_stream] += excess
+            else:
+                self._size -= len(old)
+                self.dropped[old_stream] += len(old)
 
     def take(self, max_bytes: int = LOG_CHUNK_BYTES) -> list[Segment]:
         """Remove and return the oldest bytes (≤ ``max_bytes``, ≤ ``MAX_LOG_SEGMENTS`` segments)
@@ -154,8 +170,8 @@ class LogShipper(threading.Thread):
     def finish(self, timeout: float) -> bool:
         """Send everything still buffered (the job has exited and its pipes are drained), then
         report a trailing drop; wait up to ``timeout`` seconds. True if all was sent."""
+        self.buffer.end_streams()
         self._finishing.set()
-        self.buffer.data_ready.set()
         self.join(timeout)
         if self.is_alive():
             self.stop()

@@ -34,6 +34,8 @@ def execution_spec(run: Run, attempt: RunAttempt) -> dict[str, Any]:
         "timeoutSeconds": revision.timeout_seconds,
         "revisionSha256": revision.spec_sha256,
     }
+    if revision.secret_env:  # docs/logs.md, Secrets: the agent masks them before it sends
+        spec["secretEnv"] = sorted(revision.secret_env)
     if revision.output_paths:  # docs/logs.md, Artifacts: collected after the job, under this lease
         spec["outputs"] = {
             "paths": list(revision.output_paths),

@@ -30,6 +30,9 @@ class AttemptLog(models.Model):
     stream_ends = models.JSONField(default=dict)
     #: {stream: whether the stored bytes of that stream end with a newline} (markers start a line).
     stream_newline = models.JSONField(default=dict)
+    #: {stream: the last stored bytes of that stream, latin-1, ≤ longest secret − 1}: a secret
+    #: split across two chunks is still masked (docs/logs.md, Secrets).
+    stream_tails = models.JSONField(default=dict)
     truncated = models.BooleanField(default=False)
     #: Backpressure window (the database clock): its start and the bytes accepted in it.
     window_started_at = models.DateTimeField(null=True, blank=True)

@@ -9,25 +9,10 @@ from __future__ import annotations
 
 import fnmatch
 
-#: What a masked secret value becomes in the stored log.
-MASK = b"[MASKED]"
-#: Secret values shorter than this are not masked (masking "1" would garble every log).
-MIN_SECRET_CHARS = 4
-
-
-def secret_values(env: dict[str, str], names: list[str]) -> list[bytes]:
-    """The UTF-8 values of the ``env`` variables named secret, longest first (so that a secret
-    containing another is masked whole)."""
-    values = {env[name].encode("utf-8") for name in names if len(env.get(name, "")) >= MIN_SECRET_CHARS}
-    return sorted(values, key=len, reverse=True)
-
-
-def mask(data: bytes, secrets: list[bytes]) -> bytes:
-    """``data`` with every occurrence of each secret value replaced by :data:`MASK`."""
-    for value in secrets:
-        if value in data:
-            data = data.replace(value, MASK)
-    return data
+from protocol.masking import MASK as MASK
+from protocol.masking import MIN_SECRET_CHARS as MIN_SECRET_CHARS
+from protocol.masking import mask as mask
+from protocol.masking import secret_values as secret_values
 
 
 def marker(text: str, *, at_line_start: bool) -> bytes:

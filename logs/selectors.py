@@ -109,8 +109,13 @@ def open_artifact(artifact: Artifact) -> IO[bytes]:
     try:
         return storage.output_storage().open(artifact.storage_name, "rb")
     except OSError as exc:
-        log.warning("artifact %s (%s) of attempt %s is missing: %s", artifact.pk, artifact.storage_name,
-                    artifact.attempt_id, exc)
+        log.warning(
+            "artifact %s (%s) of attempt %s is missing: %s",
+            artifact.pk,
+            artifact.storage_name,
+            artifact.attempt_id,
+            exc,
+        )
         raise DomainError(
             "artifact_gone", "the stored file of this artifact is missing from the output storage"
         ) from exc

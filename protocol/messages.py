@@ -196,6 +196,9 @@ class ExecutionSpec(TypedDict):
     timeoutSeconds: int
     revisionSha256: str
     outputs: NotRequired[OutputsSpec]
+    #: Names of the ``env`` variables whose values are masked in the log (protocol/masking.py);
+    #: present only when the revision names some.
+    secretEnv: NotRequired[list[str]]
 
 
 class Offer(TypedDict):

@@ -231,3 +231,25 @@ def test_the_completion_tails_are_masked_too():
     held, _ = running(env=env, output=OutputSpec(secret_env=("API_TOKEN",)))
     complete(held, stdout="the token is s3cr3t-value\n")
     assert held.attempt().stdout_tail == "the token is [MASKED]\n"
+
+
+def test_a_secret_split_across_two_chunks_is_masked_on_both_sides():
+    env = {"API_TOKEN": "s3cr3t-value"}
+    held, _ = running(env=env, output=OutputSpec(secret_env=("API_TOKEN",)))
+    append(held, 1, b"token=s3cr")
+    append(held, 2, b"3t-val", stream="stderr")  # the other stream does not continue it
+    append(held, 3, b"3t-value done\n")
+    stored = text(held)
+    assert b"s3cr" not in stored and b"3t-value" not in stored
+    assert read_log(held.attempt(), stream="stdout").data == b"token=****[MASKED] done\n"
+    complete(held)
+    assert log_compact(attempt_id=held.attempt_id) is True
+    assert b"s3cr" not in read_log(held.attempt()).data
+
+
+def test_a_secret_sent_one_byte_per_chunk_is_never_stored_whole():
+    env = {"API_TOKEN": "s3cr3t-value"}
+    held, _ = running(env=env, output=OutputSpec(secret_env=("API_TOKEN",)))
+    for seq, byte in enumerate(b"<s3cr3t-value>", start=1):
+        append(held, seq, bytes([byte]))
+    assert text(held) == b"<" + b"*" * 11 + b"[MASKED]>"

@@ -62,12 +62,14 @@ def test_declared_files_are_uploaded_checksummed_and_downloadable(live_server, t
 #: Waits (up to 30 s) until every name in $PEERS has a file ``$BARRIER/<prefix><name>``.
 _WAIT = (
     'for i in $(seq 300); do all=1; for p in $PEERS; do [ -e "$BARRIER/{prefix}$p" ] || all=0; done; '
-    '[ $all = 1 ] && break; sleep 0.1; done'
+    "[ $all = 1 ] && break; sleep 0.1; done"
 )
 #: Both jobs run at once on one agent: each writes its own file under the same declared glob,
 #: and waits until the other has written its file before it exits.
 TWIN = (
-    'touch "$BARRIER/start-$ME"; ' + _WAIT.format(prefix="start-") + "; mkdir -p out && echo $ME > out/$ME.txt"
+    'touch "$BARRIER/start-$ME"; '
+    + _WAIT.format(prefix="start-")
+    + "; mkdir -p out && echo $ME > out/$ME.txt"
     ' && touch "$BARRIER/done-$ME"; ' + _WAIT.format(prefix="done-") + "; ls out"
 )
 
@@ -84,8 +86,11 @@ def test_concurrent_attempts_on_one_agent_keep_their_own_work_directories(live_s
         assert agent.start("enroll", "--server", live_server.url, "--token", token).wait(30) == 0, agent.log()
         spec = OutputSpec(paths=("out/*",))
         runs = {
-            me: enqueue(make_revision(command=TWIN, env={"ME": me, "PEERS": "a b", "BARRIER": str(barrier)},
-                                      output=spec))
+            me: enqueue(
+                make_revision(
+                    command=TWIN, env={"ME": me, "PEERS": "a b", "BARRIER": str(barrier)}, output=spec
+                )
+            )
             for me in ("a", "b")
         }
         agent.start("run", "--poll-max", "1", "--max-concurrent", "2", "--work-dir", str(work))
@@ -100,6 +105,8 @@ def test_concurrent_attempts_on_one_agent_keep_their_own_work_directories(live_s
         for me, run in runs.items():
             names = set(Artifact.objects.filter(run_id=run.pk, state="stored").values_list("name", flat=True))
             assert names == {f"out/{me}.txt"}, agent.log()[-2000:]
-        wait_for(lambda: not any(work.iterdir()), what="the attempts' work directories to be removed", timeout=30)
+        wait_for(
+            lambda: not any(work.iterdir()), what="the attempts' work directories to be removed", timeout=30
+        )
     finally:
         agent.kill()

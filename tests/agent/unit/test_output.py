@@ -4,6 +4,7 @@ sequence number, the cap honoured."""
 
 from __future__ import annotations
 
+import base64
 import threading
 
 from agent.client import ApiError, TransportError
@@ -118,3 +119,33 @@ def test_a_drop_at_the_end_is_reported_by_an_empty_segment_at_the_final_offset()
     shipper2.start()
     assert shipper2.finish(10)
     assert [s["offset"] for body in sent for s in body["segments"]] == [6]
+
+
+def test_a_secret_written_one_byte_at_a_time_is_masked_before_it_is_buffered():
+    buffer = OutputBuffer(secrets=[b"s3cr3t-value"])
+    taken: list[bytes] = []
+    for byte in b"a s3cr3t-value, s3cr3t-v":
+        buffer.write("stdout", bytes([byte]))
+        taken.extend(data for _, _, data in buffer.take())  # every read may be shipped at once
+    assert b"".join(taken) == b"a [MASKED], "  # "s3cr3t-v" could still become the secret
+    buffer.end_streams()
+    taken.extend(data for _, _, data in buffer.take())
+    assert b"".join(taken) == b"a [MASKED], s3cr3t-v"
+    assert buffer.read_offsets["stdout"] == len(b"a [MASKED], s3cr3t-v")
+
+
+def test_the_shipper_flushes_the_held_back_bytes_at_the_end():
+    buffer = OutputBuffer(secrets=[b"s3cr3t-value"])
+    sent: list[dict] = []
+
+    def send(body, patience):
+        sent.append(body)
+        return {"status": "stored", "nextSeq": body["seq"] + 1, "intervalSeconds": 0.05, "truncated": False}
+
+    shipper = LogShipper(buffer, send)
+    shipper.start()
+    for byte in b"x=s3cr3t-value\ny=s3c":
+        buffer.write("stdout", bytes([byte]))
+    assert shipper.finish(10)
+    shipped = b"".join(base64.b64decode(s["content"]) for body in sent for s in body["segments"])
+    assert shipped == b"x=[MASKED]\ny=s3c"
