@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from core.conf import output
 from core.db import db_now, write_path
@@ -82,6 +82,28 @@ def _result(status: str, log: AttemptLog) -> AppendResult:
     return AppendResult(status, log.next_seq, _interval(log), log.truncated, log.stored_bytes)
 
 
+#: The AttemptLog columns an append changes.
+_APPEND_FIELDS = (
+    "stored_bytes",
+    "stream_ends",
+    "stream_newline",
+    "truncated",
+    "next_seq",
+    "window_started_at",
+    "window_bytes",
+)
+
+
+def _commit_without_flush_wait() -> None:
+    """PostgreSQL: this transaction's commit does not wait for its WAL to reach the disk
+    (``SET LOCAL synchronous_commit TO off``; docs/logs.md, Rate). A crash of the database within
+    a few hundred ms of an acknowledged chunk can lose it; the next chunk then shows the chunk
+    gap marker. Consistency is unaffected; SQLite keeps its own settings."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+
+
 @write_path
 def log_append(
     *,
@@ -95,9 +117,11 @@ def log_append(
 ) -> AppendResult:
     """Store one chunk of a running attempt's output under both fences (docs/logs.md, Log chunks).
 
-    Arguments: the session fence, the lease fence and a :class:`Chunk`. Locks worker, then run
-    (``leases.fence``), then the attempt's log row. The lease must be held (leased, unexpired by
-    the DB clock) and the attempt running; otherwise nothing is stored. An exact replay of a
+    Arguments: the session fence, the lease fence and a :class:`Chunk`. Reads the worker row
+    without locking it (a chunk changes no worker state and must not queue behind the worker's
+    claims), locks the run (``leases.fence``), then the attempt's log row. The lease must be
+    held (leased, unexpired by the DB clock) and the attempt running; otherwise nothing is
+    stored. An exact replay of a
     stored ``seq`` answers ``idempotent`` and changes nothing; the same ``seq`` with other content
     is ``log_chunk_conflict``. A sequence or offset jump stores a gap marker line before the
     data; secret ``env`` values of the revision are masked; past ``LOG_MAX_BYTES`` the log keeps
@@ -107,6 +131,7 @@ def log_append(
     Raises: fence codes, ``lease_completed``, ``lease_released``, ``lease_expired``,
     ``attempt_not_started``, ``log_chunk_conflict``, ``log_backpressure``, ``lock_timeout``.
     """
+    _commit_without_flush_wait()
     ctx = fence_lease(
         worker_id=worker_id,
         session_id=session_id,
@@ -114,6 +139,7 @@ def log_append(
         attempt_id=attempt_id,
         lease_generation=lease_generation,
         lease_token=lease_token,
+        lock_worker=False,
     )
     require_active(ctx.lease, ctx.now)
     if ctx.attempt.state != AttemptState.RUNNING:
@@ -122,8 +148,10 @@ def log_append(
     if log is None:
         log = AttemptLog.objects.create(attempt=ctx.attempt, run=ctx.run, created_at=ctx.now)
     digest = chunk.sha256()
-    stored = LogChunk.objects.filter(attempt_id=ctx.attempt.pk, seq=chunk.seq, part=0)
-    previous = stored.values_list("sent_sha256", flat=True).first()
+    previous = None
+    if chunk.seq < log.next_seq:  # only a seq below the next expected one can have been stored
+        stored = LogChunk.objects.filter(attempt_id=ctx.attempt.pk, seq=chunk.seq, part=0)
+        previous = stored.values_list("sent_sha256", flat=True).first()
     if previous is not None:
         if previous == digest:
             return _result("idempotent", log)
@@ -217,7 +245,7 @@ def log_append(
         log.stream_tails = {stream: tail.decode("latin-1") for stream, tail in tails.items()}
     log.next_seq = chunk.seq + 1
     log.window_bytes += chunk.size
-    log.save()
+    log.save(update_fields=[*_APPEND_FIELDS, *(["stream_tails"] if secrets else [])])
     return _result("truncated" if log.truncated else "stored", log)
 
 

@@ -34,7 +34,7 @@ log = logging.getLogger("qinglong.agent")
 #: Bytes of output one attempt may hold while the control plane does not take them.
 BUFFER_BYTES = 1024 * 1024
 #: Seconds between sends until the server says otherwise.
-DEFAULT_INTERVAL = 1.0
+DEFAULT_INTERVAL = 3.0
 #: Longest interval the agent honours (a misconfigured server must not silence a log).
 MAX_INTERVAL = 30.0
 #: How long one send keeps retrying before the shipper goes back to reading (seconds).

@@ -58,23 +58,33 @@ def main() -> int:
     from django.db import connections  # noqa: PLC0415
 
     measure, reset_and_load = claim_measure.measure, claim_measure.reset_and_load
-    start_attempt, run_loggers, collect = (
+    start_attempt, run_loggers, collect, profile_append = (
         logs_measure.start_attempt,
         logs_measure.run_loggers,
         logs_measure.collect,
+        logs_measure.profile_append,
     )
 
     call_command("migrate", verbosity=0)
-    workers = reset_and_load(BACKLOG + 2 * LOGGERS + 1, CLAIMERS + LOGGERS + LOGGERS + 1)
-    claimers, paced, flat_out, single = (
+    workers = reset_and_load(BACKLOG + 2 * LOGGERS + 2, CLAIMERS + LOGGERS + LOGGERS + 2)
+    claimers, paced, flat_out, single, profiled = (
         workers[:CLAIMERS],
         workers[CLAIMERS : CLAIMERS + LOGGERS],
         workers[CLAIMERS + LOGGERS : CLAIMERS + 2 * LOGGERS],
+        workers[-2],
         workers[-1],
     )
     paced_leases = [start_attempt(worker) for worker in paced]
     flat_leases = [start_attempt(worker) for worker in flat_out]
     single_lease = start_attempt(single)
+    profile = profile_append(start_attempt(profiled))
+    print(
+        f"one append (32 KiB, 2 segments): {profile['statements']} statements, row locks on "
+        f"{', '.join(profile['locked'])}; {profile['wall_ms']:.1f} ms wall, "
+        f"{profile['cpu_ms']:.1f} ms Python CPU, {profile['last_db_ms']:.1f} ms in statements"
+    )
+    for ms, sql in profile["slowest"]:
+        print(f"  {ms:6.1f} ms  {sql}")
     context = multiprocessing.get_context("fork")
     seconds = args.seconds
     mib = 1024 * 1024
@@ -121,6 +131,10 @@ def main() -> int:
         json.dumps(
             {
                 "bench": "logs",
+                "append_statements": profile["statements"],
+                "append_locks": profile["locked"],
+                "append_cpu_ms": round(profile["cpu_ms"], 2),
+                "append_wall_ms": round(profile["wall_ms"], 2),
                 "log_mib_per_s_one_worker": round(one_worker, 2),
                 "log_mib_per_s_per_worker_16": round(total / LOGGERS, 3),
                 "log_mib_per_s_total_16": round(total, 2),

@@ -3,10 +3,12 @@ and the logger processes. bench/logs.py imports it once ``django.setup()`` has r
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from actions.leases.activation import lease_running, lease_starting
 from actions.leases.claims import OfferRequest, lease_claim
@@ -30,6 +32,41 @@ def start_attempt(worker) -> tuple:
     lease_starting(**lease, offer_id=offer_id, lease_version=0)
     lease_running(**lease, offer_id=offer_id, lease_version=0, pid=4242, pgid=4242, executor_handle="bench")
     return lease
+
+
+def profile_append(lease: dict, appends: int = 20) -> dict:
+    """One attempt's appends in this process, profiled: statements per append, the tables each
+    append locks (``FOR UPDATE``), database time vs Python CPU per append (ms)."""
+    half = b"x" * (CHUNK // 2 - 1) + b"\n"
+    statements: list[dict] = []
+    wall = cpu = 0.0
+    for seq in range(1, appends + 1):
+        offset = (seq - 1) * len(half)
+        chunk = Chunk(seq, (Segment("stdout", offset, half), Segment("stderr", offset, half)))
+        started, started_cpu = time.perf_counter(), time.process_time()
+        with CaptureQueriesContext(connection) as captured:
+            log_append(**lease, chunk=chunk)
+        wall += time.perf_counter() - started
+        cpu += time.process_time() - started_cpu
+        statements = list(captured.captured_queries)
+    locked = sorted(
+        {
+            m.group(1)
+            for q in statements
+            if "FOR UPDATE" in q["sql"]
+            for m in [re.search(r'FROM "(\w+)"', q["sql"])]
+            if m
+        }
+    )
+    db_ms = sum(float(q["time"]) for q in statements) * 1000
+    return {
+        "statements": len([q for q in statements if q["sql"] not in ("BEGIN", "COMMIT")]),
+        "locked": locked,
+        "wall_ms": wall / appends * 1000,
+        "cpu_ms": cpu / appends * 1000,
+        "last_db_ms": db_ms,
+        "slowest": sorted(((float(q["time"]) * 1000, q["sql"][:70]) for q in statements), reverse=True)[:4],
+    }
 
 
 def logger(lease: dict, barrier, seconds: float, pace: float | None, results) -> None:

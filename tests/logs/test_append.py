@@ -168,7 +168,7 @@ def test_secret_values_are_masked_before_storage():
 def test_over_the_byte_rate_a_chunk_is_refused_with_backpressure(output_settings):
     output_settings(LOG_RATE_BYTES_PER_SECOND=1000)
     held, _ = running()
-    assert append(held, 1, b"x" * 600).interval_seconds == 2.0  # over half the rate: slower
+    assert append(held, 1, b"x" * 600).interval_seconds == 6.0  # over half the rate: slower
     before = output_rows()
     with pytest.raises(DomainError) as refused:
         append(held, 2, b"y" * 600)

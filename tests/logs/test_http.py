@@ -76,7 +76,7 @@ def test_chunks_over_http_then_followed_by_an_operator(client, started):
     assert answer.json() == {
         "status": "stored",
         "nextSeq": 2,
-        "intervalSeconds": 1.0,
+        "intervalSeconds": 3.0,
         "truncated": False,
         "storedBytes": 11,
     }
