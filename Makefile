@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: chromium run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving lint clean
+.PHONY: chromium run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving bench-logs lint clean
 
 $(VENV)/.base: requirements/base.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ bench-agent: $(VENV)/.dev
 BENCH_PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong_bench
 bench-claim: $(VENV)/.dev
 	$(PY) bench/claim.py --pg-url $(BENCH_PG_URL) $(ARGS)
+
+## bench-logs: log throughput per worker (MiB/s) and claims/s with 16 jobs logging vs none, on
+## PostgreSQL; wipes the QingLong tables of $(BENCH_LOGS_PG_URL) (created if missing)
+BENCH_LOGS_PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong_logs_bench
+bench-logs: $(VENV)/.dev
+	$(PY) bench/logs.py --pg-url $(BENCH_LOGS_PG_URL) $(ARGS)
 
 ## lint: style (ruff check, ruff format --check), the layer contracts (import-linter), types (mypy)
 lint: $(VENV)/.dev

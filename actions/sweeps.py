@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from django.db import close_old_connections
 
 from actions.leases.expiry import sweep_expired_leases
+from actions.logs import sweep_log_compaction, sweep_output_retention
 from actions.placement import refresh_placement_summaries
 from actions.runs import sweep_due_retries
 from actions.schedules import sweep_due_schedules
@@ -39,6 +40,8 @@ class CycleReport:
     schedule_fires: int
     summaries_changed: int
     nonces_pruned: int = 0
+    logs_compacted: int = 0
+    outputs_expired: int = 0
 
     def any(self) -> bool:
         """Whether the cycle changed anything worth a log line (pruned nonces are routine)."""
@@ -67,7 +70,8 @@ def sweep_finish(*, duration_seconds: float) -> int:
 
 def run_cycle() -> CycleReport:
     """Expire lapsed sessions, settle lapsed leases, queue due retries, admit due schedule fires
-    (``docs/schedules.md``), refresh pending summaries, prune expired replay nonces, then record
+    (``docs/schedules.md``), refresh pending summaries, compact the logs of ended attempts and
+    delete expired logs and artifacts (``docs/logs.md``), prune expired replay nonces, then record
     the cycle (``/readyz``, ``/metrics``).
 
     Each step is a bounded batch of single-item transactions (``QINGLONG_SWEEP_BATCH``) whose
@@ -80,6 +84,8 @@ def run_cycle() -> CycleReport:
     retries_queued = _step("retries", sweep_due_retries)
     schedule_fires = _step("schedules", sweep_due_schedules)
     summaries_changed = _step("summaries", refresh_placement_summaries)
+    logs_compacted = _step("log compaction", lambda: sweep_log_compaction(protocol().sweep_batch))
+    outputs_expired = _step("output retention", lambda: sweep_output_retention(protocol().sweep_batch))
     nonces_pruned = _step("nonces", lambda: sweep_finish(duration_seconds=time.monotonic() - started))
     report = CycleReport(
         sessions_expired=sessions_expired,
@@ -88,6 +94,8 @@ def run_cycle() -> CycleReport:
         schedule_fires=schedule_fires,
         summaries_changed=summaries_changed,
         nonces_pruned=nonces_pruned,
+        logs_compacted=logs_compacted,
+        outputs_expired=outputs_expired,
     )
     sweep_observe(seconds=time.monotonic() - started, items=asdict(report))
     if report.any():

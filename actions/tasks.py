@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from typing import Any
 
 import rfc8785
 from django.db import IntegrityError
@@ -25,13 +26,56 @@ from runs.models import LostRetry, Task, TaskRevision
 from runs.revisions import (
     ENV_NAME,
     EXECUTORS,
+    MAX_ARTIFACT_FILE_BYTES,
+    MAX_ARTIFACT_FILES,
     MAX_COMMAND_BYTES,
     MAX_ENV,
     MAX_ENV_VALUE,
+    MAX_OUTPUT_PATH_CHARS,
+    MAX_OUTPUT_PATHS,
+    MAX_RETENTION_DAYS,
     MAX_TIMEOUT_SECONDS,
     RETRYABLE_OUTCOMES,
     RevisionSpec,
 )
+
+
+def _validate_output(spec: RevisionSpec) -> None:
+    """The output declaration's rules (docs/logs.md, Artifacts and secrets); names the field."""
+    output = spec.output
+    for index, name in enumerate(output.secret_env):
+        if name not in spec.env:
+            raise DomainError(
+                "validation_failed", "names no variable of env", field=f"outputs.secretEnv[{index}]"
+            )
+    if len(output.paths) > MAX_OUTPUT_PATHS:
+        raise DomainError("validation_failed", f"at most {MAX_OUTPUT_PATHS} globs", field="outputs.paths")
+    for index, glob in enumerate(output.paths):
+        parts = glob.replace("\\", "/").split("/")
+        if (
+            not glob
+            or len(glob) > MAX_OUTPUT_PATH_CHARS
+            or glob.startswith("/")
+            or ".." in parts
+            or "\x00" in glob
+        ):
+            raise DomainError(
+                "validation_failed",
+                f"a relative glob of at most {MAX_OUTPUT_PATH_CHARS} characters, without '..'",
+                field=f"outputs.paths[{index}]",
+            )
+    if not 1 <= output.max_files <= MAX_ARTIFACT_FILES:
+        raise DomainError("validation_failed", f"must be 1 to {MAX_ARTIFACT_FILES}", field="outputs.maxFiles")
+    if not 1 <= output.max_file_bytes <= MAX_ARTIFACT_FILE_BYTES:
+        raise DomainError(
+            "validation_failed", f"must be 1 to {MAX_ARTIFACT_FILE_BYTES}", field="outputs.maxFileBytes"
+        )
+    if not output.max_file_bytes <= output.max_total_bytes <= MAX_ARTIFACT_FILES * MAX_ARTIFACT_FILE_BYTES:
+        raise DomainError("validation_failed", "must be at least maxFileBytes", field="outputs.maxTotalBytes")
+    if not 1 <= output.retention_days <= MAX_RETENTION_DAYS:
+        raise DomainError(
+            "validation_failed", f"must be 1 to {MAX_RETENTION_DAYS}", field="outputs.retentionDays"
+        )
 
 
 def _validate(spec: RevisionSpec) -> placement_spec.PlacementSpec:
@@ -58,6 +102,7 @@ def _validate(spec: RevisionSpec) -> placement_spec.PlacementSpec:
                 f"values are strings of at most {MAX_ENV_VALUE} characters",
                 field=f"env.{display_key(name)}",
             )
+    _validate_output(spec)
     if not 1 <= spec.max_attempts <= 20:
         raise DomainError("validation_failed", "must be 1 to 20", field="retry.maxAttempts")
     for index, outcome in enumerate(spec.retry_on):
@@ -97,13 +142,16 @@ def revision_check(spec: RevisionSpec) -> None:
 
 
 def _spec_sha256(spec: RevisionSpec, placement: placement_spec.PlacementSpec) -> str:
-    content: dict[str, str | int | dict[str, str]] = {
+    content: dict[str, Any] = {
         "executor": spec.executor,
         "command": spec.command,
         "env": spec.env,
         "timeoutSeconds": spec.timeout_seconds,
         "placementSha256": placement.sha256,
     }
+    declared = spec.output.declared()
+    if declared is not None:  # revisions without a declaration keep the digest they always had
+        content["outputs"] = declared
     return hashlib.sha256(rfc8785.dumps(content)).hexdigest()
 
 
@@ -124,6 +172,12 @@ def _create_revision(
         lost_retry=spec.lost_retry,
         retry_backoff_seconds=spec.retry_backoff_seconds,
         retry_backoff_max_seconds=spec.retry_backoff_max_seconds,
+        secret_env=sorted(spec.output.secret_env),
+        output_paths=list(spec.output.paths),
+        artifact_max_files=spec.output.max_files,
+        artifact_max_file_bytes=spec.output.max_file_bytes,
+        artifact_max_total_bytes=spec.output.max_total_bytes,
+        output_retention_days=spec.output.retention_days,
         spec_sha256=_spec_sha256(spec, placement),
         created_by=user if user is not None and getattr(user, "pk", None) else None,
     )

@@ -12,22 +12,34 @@ Timing rules (docs/leases.md):
 * a renewal stops retrying before the lease would have lapsed; the runner then kills its
   process and abandons the attempt — a process whose lease lapsed must not report;
 * a cancellation is learned from an ACK, renewal or heartbeat answer, and the job is ended
-  (SIGTERM, ``cancel_grace``, SIGKILL) within one renew interval of the request.
+  (SIGTERM, ``cancel_grace``, SIGKILL) within one renew interval of the request;
+* the job's output is shipped live under the lease (``agent.output``); after the job ends the
+  rest of the log is sent and the declared artifacts uploaded (``agent.artifacts``), still
+  renewing, and only then is the completion reported (docs/logs.md);
+* each attempt runs in a work directory of its own, ``<work dir>/<attempt id>`` (the job's cwd,
+  where its artifact globs are matched), removed once the artifacts were uploaded and the
+  completion reported, so concurrent attempts never see each other's files.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
-from typing import TYPE_CHECKING, cast
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from protocol import messages as m
 from protocol import wire
+from protocol.masking import secret_values
 
+from .artifacts import upload_all
 from .calls import Stop
 from .client import ApiError, TransportError
 from .executor import Execution, StartFailed
+from .output import LogShipper, OutputBuffer
 
 if TYPE_CHECKING:
     from .runtime import Agent
@@ -45,6 +57,10 @@ GUARD_MARGIN_SECONDS = 3.0
 #: worker learns of it only from a renew answer; so the agent renews early by twice this grace
 #: (see :func:`renew_period`), leaving room for the grace and for the renewal's round trip.
 CANCEL_GRACE_SECONDS = 2.0
+
+#: Longest time after the job's end spent sending the rest of its log (seconds); the lease is
+#: renewed meanwhile, and whatever is still unsent after it is lost (the completion matters more).
+OUTPUT_FLUSH_SECONDS = 60.0
 
 
 def guard_margin(lease_window: float) -> float:
@@ -76,6 +92,14 @@ class AttemptRunner(threading.Thread):
         self._cancel = threading.Event()
         self._abandon = threading.Event()
         self.execution: Execution | None = None
+        #: This attempt's own work directory: the job's cwd and the root of its artifact globs.
+        self.work_dir = agent.settings.work_dir / str(uuid.UUID(offer["lease"]["attemptId"]))
+        # Secret env values are masked before anything is sent (protocol/masking.py).
+        self.output = OutputBuffer(secrets=secret_values(self.spec["env"], self.spec.get("secretEnv", [])))
+        self.shipper = LogShipper(self.output, self._send_log, name=f"log-{offer['lease']['attemptId'][:8]}")
+        self._lease_window = 2.0 * self.lease["renewIntervalSeconds"]
+        self._lease_deadline = 0.0
+        self._next_renew = 0.0
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -84,6 +108,7 @@ class AttemptRunner(threading.Thread):
         """Kill the process without reporting (the agent is fenced or its credential refused)."""
         self._abandon.set()
         self._cancel.set()
+        self.shipper.stop()
         if self.execution is not None:
             self.execution.stop("cancelled")
 
@@ -94,6 +119,13 @@ class AttemptRunner(threading.Thread):
             "leaseGeneration": self.lease["leaseGeneration"],
             "leaseToken": self._token,
         }
+
+    def _send_log(self, body: Mapping[str, object], patience: float) -> dict[str, Any]:
+        return self.agent.call(wire.LOG_APPEND, {**self._fence(), **body}, patience=patience)
+
+    def _send_artifact(self, body: Mapping[str, object]) -> dict[str, Any]:
+        patience = max(1.0, self._lease_deadline - time.monotonic() - guard_margin(self._lease_window))
+        return self.agent.call(wire.ARTIFACT_UPLOAD, {**self._fence(), **body}, patience=patience)
 
     def run(self) -> None:
         try:
@@ -107,6 +139,10 @@ class AttemptRunner(threading.Thread):
             if self.execution is not None:
                 self.execution.stop("cancelled")
         finally:
+            self.shipper.stop()
+            # The artifacts were uploaded and the completion reported (or the attempt abandoned,
+            # its process stopped): nothing of this attempt needs its files any more.
+            shutil.rmtree(self.work_dir, ignore_errors=True)
             self.agent.runner_done(self.lease["attemptId"])
 
     def _renew(self, *, patience: float) -> m.AckAnswer:
@@ -169,9 +205,10 @@ class AttemptRunner(threading.Thread):
                 command=spec["command"],
                 env=spec["env"],
                 timeout_seconds=spec["timeoutSeconds"],
-                work_dir=self.agent.settings.work_dir,
+                work_dir=self.work_dir,
                 kill_in=lease_deadline - guard_margin(lease_window) - time.monotonic(),
                 user=self.agent.settings.job_user,
+                output=self.output,
             )
         except StartFailed as exc:
             log.error("attempt %s: could not start: %s", attempt_id, exc)
@@ -191,6 +228,7 @@ class AttemptRunner(threading.Thread):
             execution.stop("cancelled")
             return
         self.lease = running["lease"]
+        self.shipper.start()
         next_renew = sent + renew_period(self.lease["renewIntervalSeconds"])
         if running["cancelRequested"]:
             self._cancel.set()
@@ -230,6 +268,10 @@ class AttemptRunner(threading.Thread):
         result = execution.result()
         if self._abandon.is_set():
             return
+        self._lease_deadline, self._next_renew = lease_deadline, next_renew
+        if not self._settle_output(execution):
+            return
+        lease_deadline = self._lease_deadline
         completion: m.Complete = {
             **self._fence(),
             "sequence": 1,
@@ -249,3 +291,45 @@ class AttemptRunner(threading.Thread):
             log.error("attempt %s: completion not accepted: %s", attempt_id, exc)
             return
         log.info("attempt %s: %s (exit %s)", attempt_id, answer["outcome"], result.exit_code)
+
+    def _settle_output(self, execution: Execution) -> bool:
+        """After the job: send the rest of its log, then upload its declared artifacts, renewing
+        the lease when due. False when the lease was lost (nothing more may be reported)."""
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                execution.drained(2.0)
+                self.shipper.finish(OUTPUT_FLUSH_SECONDS)
+                outputs = self.spec.get("outputs")
+                if outputs and not self.shipper.lost and not self._abandon.is_set():
+                    upload_all(self.work_dir, outputs, self._send_artifact)
+            except Stop as stop:
+                self.agent.fail(stop)
+                self._abandon.set()
+            except Exception:  # one attempt's output must not take the completion down
+                log.exception("attempt %s: output not settled", self.lease["attemptId"])
+            finally:
+                done.set()
+
+        threading.Thread(target=work, name=f"settle-{self.lease['attemptId'][:8]}", daemon=True).start()
+        while not done.wait(0.2):
+            if self._abandon.is_set():
+                return False
+            if time.monotonic() < self._next_renew:
+                continue
+            sent = time.monotonic()
+            try:
+                renewed = self._renew(
+                    patience=max(0.0, self._lease_deadline - sent - guard_margin(self._lease_window))
+                )
+            except (ApiError, TransportError) as exc:
+                log.error(
+                    "attempt %s: lease lost while sending its output (%s)", self.lease["attemptId"], exc
+                )
+                self.shipper.stop()
+                return False
+            self.lease = renewed["lease"]
+            self._lease_deadline = sent + self._lease_window
+            self._next_renew = sent + renew_period(self.lease["renewIntervalSeconds"])
+        return not self._abandon.is_set()

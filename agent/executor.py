@@ -6,7 +6,8 @@ pid is the job's process group id; on Linux the guard also adopts the orphans of
 SIGTERM to the whole tree, then SIGKILL after a grace period. The guard also ends the job if this
 agent dies, so a job never outlives the process that holds its lease. Output is drained by two
 reader threads that keep only the last ``OUTPUT_TAIL_BYTES`` of each stream, so a chatty job
-cannot grow the agent's memory.
+cannot grow the agent's memory; given an ``agent.output.OutputBuffer`` they also hand every
+block read to it (a bounded, non-blocking append) for the live log.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import IO
 from protocol.wire import OUTPUT_TAIL_BYTES
 
 from .guard import COOKIE_VARIABLE, end_processes
+from .output import OutputBuffer
 
 KILL_GRACE_SECONDS = 5.0
 #: How much longer than the grace the agent gives the guard to end a job before doing it itself.
@@ -42,10 +44,16 @@ class StartFailed(Exception):
 
 
 class _Tail:
-    """Keeps the last ``limit`` bytes read from a stream."""
+    """Keeps the last ``limit`` bytes read from a stream, handing each block to ``sink`` too."""
 
-    def __init__(self, stream: IO[bytes], limit: int = OUTPUT_TAIL_BYTES) -> None:
+    def __init__(
+        self,
+        stream: IO[bytes],
+        limit: int = OUTPUT_TAIL_BYTES,
+        sink: tuple[OutputBuffer, str] | None = None,
+    ) -> None:
         self.limit = limit
+        self.sink = sink
         self.chunks: deque[bytes] = deque()
         self.size = 0
         self.thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
@@ -54,10 +62,17 @@ class _Tail:
     def _drain(self, stream: IO[bytes]) -> None:
         with stream:
             while chunk := stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536):
+                if self.sink is not None:
+                    self.sink[0].write(self.sink[1], chunk)
                 self.chunks.append(chunk)
                 self.size += len(chunk)
                 while self.size - len(self.chunks[0]) >= self.limit:
                     self.size -= len(self.chunks.popleft())
+
+    def drained(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the stream's end; True once it was read to EOF."""
+        self.thread.join(timeout=timeout)
+        return not self.thread.is_alive()
 
     def text(self) -> str:
         """The tail as UTF-8 text: invalid bytes and NUL replaced, at most ``limit`` bytes."""
@@ -91,9 +106,11 @@ class Execution:
         work_dir: Path,
         kill_in: float | None = None,
         user: str | None = None,
+        output: OutputBuffer | None = None,
     ) -> None:
         """Start the job under its guard. ``kill_in``: the guard's first watchdog, seconds;
-        ``user``: run the job as this user (the agent must be root; see agent/guard.py).
+        ``user``: run the job as this user (the agent must be root; see agent/guard.py);
+        ``output``: the live log's buffer, fed by the pipe readers.
         Raises :class:`StartFailed` when the process cannot be started."""
         self.timeout_seconds = timeout_seconds
         self._script: Path | None = None
@@ -102,6 +119,12 @@ class Execution:
         #: Tags every process of this job (agent/guard.py), so that none outlives it.
         self.cookie = secrets.token_hex(16)
         work_dir.mkdir(parents=True, exist_ok=True)
+        if user is not None:  # the job's user works in its directory (agent/cli.py hands it the parent)
+            try:
+                entry = pwd.getpwnam(user)
+                os.chown(work_dir, entry.pw_uid, entry.pw_gid)
+            except (KeyError, OSError) as exc:
+                raise StartFailed(f"cannot hand the work directory to {user}: {exc}") from exc
         if executor == "shell":
             argv = ["/bin/sh", "-c", command]
         elif executor in INTERPRETERS:
@@ -152,8 +175,8 @@ class Execution:
         self.started_monotonic = time.monotonic()
         self.started_wall = time.time()
         assert self.process.stdout is not None and self.process.stderr is not None  # both are pipes
-        self._stdout = _Tail(self.process.stdout)
-        self._stderr = _Tail(self.process.stderr)
+        self._stdout = _Tail(self.process.stdout, sink=(output, "stdout") if output is not None else None)
+        self._stderr = _Tail(self.process.stderr, sink=(output, "stderr") if output is not None else None)
 
     def kill_in(self, seconds: float) -> None:
         """Move the guard's watchdog: end the job group ``seconds`` from now unless moved again.
@@ -218,6 +241,11 @@ class Execution:
                 pass
             self.wait(KILL_GRACE_SECONDS)
         end_processes(None, self.cookie)
+
+    def drained(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until both pipes were read to their end."""
+        deadline = time.monotonic() + timeout
+        return self._stdout.drained(timeout) and self._stderr.drained(max(0.0, deadline - time.monotonic()))
 
     def result(self) -> Result:
         """The outcome once the process has exited (call after ``wait`` returned True)."""

@@ -20,7 +20,7 @@ from django.core.cache import cache
 from rest_framework.authentication import BaseAuthentication
 
 from actions.nonces import nonce_record
-from api.ratelimit import by_address, client_address, enforce, worker_counter
+from api.ratelimit import WORKER_GROUP, by_address, client_address, enforce, worker_counter
 from core.conf import protocol
 from core.errors import DomainError
 from protocol.errors import ProtocolError
@@ -54,19 +54,22 @@ def nonce_accept(*, key_id: str, nonce: str, window_seconds: int) -> None:
         raise ProtocolError("signature_replayed", "this signature nonce was already used")
 
 
-def nonce_accept_and_count(*, key_id: str, nonce: str, window_seconds: int, worker_id: str, raw) -> bool:
+def nonce_accept_and_count(
+    *, key_id: str, nonce: str, window_seconds: int, worker_id: str, group: str, rate: str, raw
+) -> bool:
     """Shared cache only: accept the nonce and count the worker's request in one Redis round trip.
 
     The nonce is kept as :func:`nonce_accept` keeps it; only when it is fresh is the request
-    counted into the worker's rate-limit window (``api.ratelimit.worker_counter``, the counter
-    ``WorkerAPIView`` would otherwise count with ``enforce``), and the usage is left on ``raw``
+    counted into the worker's rate-limit window of the view's bucket ``group`` at ``rate``
+    (``api.ratelimit.worker_counter``, the counter ``WorkerAPIView`` would otherwise count with
+    ``enforce``), and the usage is left on ``raw``
     for ``WorkerAPIView.initial`` to judge. Returns False (nothing done) when the cache offers no
     combined call. Raises ProtocolError ``signature_replayed``.
     """
     add_and_count = getattr(cache, "add_and_count", None)
     if add_and_count is None or not cache_is_shared():
         return False
-    counter, lifetime, limit, window = worker_counter(worker_id, protocol().rate_worker)
+    counter, lifetime, limit, window = worker_counter(worker_id, rate, group)
     count = add_and_count(_NONCE_KEY.format(key_id, nonce), 2 * window_seconds, counter, lifetime)
     if count is None:
         raise ProtocolError("signature_replayed", "this signature nonce was already used")
@@ -95,7 +98,7 @@ class WorkerSignatureAuthentication(BaseAuthentication):
         # Only failures count, and only a failing request is answered 429: a correctly signed
         # request always passes, so a forger sharing a worker's address cannot lock it out.
         try:
-            return self._authenticate(raw)
+            return self._authenticate(raw, request.parser_context.get("view"))
         except (ProtocolError, DomainError) as exc:
             log.warning(
                 "worker request refused: %s (%s %s from %s)",
@@ -114,7 +117,7 @@ class WorkerSignatureAuthentication(BaseAuthentication):
                 )
             raise
 
-    def _authenticate(self, raw) -> tuple[WorkerPrincipal, SignedRequest]:
+    def _authenticate(self, raw, view=None) -> tuple[WorkerPrincipal, SignedRequest]:
         now = time.time()
         window = protocol().signature_window_seconds
         resolved: dict[str, WorkerPrincipal] = {}
@@ -146,6 +149,8 @@ class WorkerSignatureAuthentication(BaseAuthentication):
             nonce=signed.nonce,
             window_seconds=window,
             worker_id=str(principal.worker_id),
+            group=getattr(view, "rate_group", WORKER_GROUP),
+            rate=view.rate() if hasattr(view, "rate") else protocol().rate_worker,
             raw=raw,
         ):
             nonce_accept(key_id=signed.key_id, nonce=signed.nonce, window_seconds=window)

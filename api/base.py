@@ -157,6 +157,13 @@ class WorkerAPIView(APIView):
     max_body_bytes = DEFAULT_BODY_LIMIT
     max_json_depth = 4
     http_method_names = ["post", "options"]
+    #: The per-worker rate-limit bucket; job output has its own (``rate()``), so a chatty job
+    #: cannot starve its worker's renewals and heartbeats.
+    rate_group = WORKER_GROUP
+
+    def rate(self) -> str:
+        """The per-worker rate of this view's bucket (django-ratelimit syntax)."""
+        return protocol().rate_worker
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
@@ -172,9 +179,9 @@ class WorkerAPIView(APIView):
         else:
             enforce(
                 request,
-                group=WORKER_GROUP,
+                group=self.rate_group,
                 key=lambda group, req: str(principal.worker_id),
-                rate=protocol().rate_worker,
+                rate=self.rate(),
                 message="too many requests from this worker",
             )
         check_principal_binding(principal, request, kwargs)

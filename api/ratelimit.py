@@ -61,8 +61,8 @@ def enforce(
 WORKER_GROUP = "worker-api"
 
 
-def worker_counter(worker_id: str, rate: str) -> tuple[str, int, int, int]:
-    """django-ratelimit's counter for ``worker_id`` in :data:`WORKER_GROUP` now, as ``get_usage``
+def worker_counter(worker_id: str, rate: str, group: str = WORKER_GROUP) -> tuple[str, int, int, int]:
+    """django-ratelimit's counter for ``worker_id`` in ``group`` (a view's bucket) now, as ``get_usage``
     would name it: (cache key, counter lifetime in seconds, limit, end of the window in unix s).
 
     For counting it together with the nonce in one Redis round trip (``api.auth``); the counter is
@@ -71,7 +71,7 @@ def worker_counter(worker_id: str, rate: str) -> tuple[str, int, int, int]:
     limit, period = _split_rate(rate)
     window = _get_window(worker_id, period)
     return (
-        _make_cache_key(WORKER_GROUP, window, rate, worker_id, ALL),
+        _make_cache_key(group, window, rate, worker_id, ALL),
         period + EXPIRATION_FUDGE,
         limit,
         window,

@@ -45,3 +45,19 @@ def protocol() -> ProtocolSettings:
 def is_cluster() -> bool:
     """True in the ``cluster-control`` profile (several replicas, PostgreSQL, Redis)."""
     return settings.QINGLONG_PROFILE == "cluster-control"
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """Job output limits (``settings.QINGLONG_OUTPUT``; docs/logs.md): bytes, seconds."""
+
+    log_max_bytes: int
+    log_interval_seconds: float
+    log_rate_bytes_per_second: int
+    rate_output: str
+
+
+def output() -> OutputSettings:
+    """Return the current job output settings (a fresh, immutable snapshot)."""
+    raw = settings.QINGLONG_OUTPUT
+    return OutputSettings(**{key.lower(): value for key, value in raw.items()})

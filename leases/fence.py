@@ -23,7 +23,7 @@ from leases.models import LeaseState, RunDispatchLease
 from leases.tokens import token_matches
 from runs.locks import lock_run
 from runs.models import Run, RunAttempt
-from workers.fence import Purpose, lock_and_fence
+from workers.fence import Purpose, lock_and_fence, read_and_fence
 from workers.models import Worker, WorkerSession
 
 
@@ -65,8 +65,13 @@ def fence_lease(
     attempt_id: uuid.UUID,
     lease_generation: int,
     lease_token: str,
+    lock_worker: bool = True,
 ) -> LeaseFence:
     """Lock worker then run, and pass the session fence and the lease's identity fence.
+
+    ``lock_worker=False`` (live log chunks and artifact parts, docs/logs.md) reads the worker
+    row instead of locking it (``workers.fence.read_and_fence``): the run row lock, taken by
+    every lease settlement too, and the lease state read under it decide.
 
     Arguments: the session fence (``session_id``, ``generation``) and the lease fence
     (``attempt_id``, ``lease_generation`` ≥ 1, ``lease_token``). State and expiry are left to
@@ -74,13 +79,18 @@ def fence_lease(
     ``lease_unknown``, ``lease_generation_mismatch``, ``lease_token_mismatch``,
     ``lease_session_mismatch``.
     """
-    fenced = lock_and_fence(
-        worker_id=worker_id,
-        session_id=session_id,
-        generation=generation,
-        expected_version=None,
-        purpose=Purpose.LEASE,
-    )
+    if lock_worker:
+        fenced = lock_and_fence(
+            worker_id=worker_id,
+            session_id=session_id,
+            generation=generation,
+            expected_version=None,
+            purpose=Purpose.LEASE,
+        )
+    else:
+        fenced = read_and_fence(
+            worker_id=worker_id, session_id=session_id, generation=generation, purpose=Purpose.LEASE
+        )
     worker, session, now = fenced.worker, fenced.session, fenced.now
     lease = RunDispatchLease.objects.filter(
         worker_id=worker.pk, attempt_id=attempt_id, lease_generation=lease_generation

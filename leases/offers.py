@@ -20,7 +20,7 @@ from .models import RunDispatchLease
 def execution_spec(run: Run, attempt: RunAttempt) -> dict[str, Any]:
     """The ``qinglong/execution-spec@v1`` document for one attempt (no secrets, no lease token)."""
     revision = run.revision
-    return {
+    spec: dict[str, Any] = {
         "kind": "qinglong/execution-spec@v1",
         "runId": str(run.pk),
         "attemptId": str(attempt.pk),
@@ -34,6 +34,16 @@ def execution_spec(run: Run, attempt: RunAttempt) -> dict[str, Any]:
         "timeoutSeconds": revision.timeout_seconds,
         "revisionSha256": revision.spec_sha256,
     }
+    if revision.secret_env:  # docs/logs.md, Secrets: the agent masks them before it sends
+        spec["secretEnv"] = sorted(revision.secret_env)
+    if revision.output_paths:  # docs/logs.md, Artifacts: collected after the job, under this lease
+        spec["outputs"] = {
+            "paths": list(revision.output_paths),
+            "maxFiles": revision.artifact_max_files,
+            "maxFileBytes": revision.artifact_max_file_bytes,
+            "maxTotalBytes": revision.artifact_max_total_bytes,
+        }
+    return spec
 
 
 def spec_sha256(spec: dict[str, Any]) -> str:

@@ -293,6 +293,55 @@ CATALOGUE: dict[str, ErrorSpec] = {
         409, "The run cannot move from its state to the requested one.", WorkerAction.NONE
     ),
     "run_version_conflict": ErrorSpec(409, "The run changed under the request.", WorkerAction.NONE),
+    # --- logs and artifacts (docs/logs.md) ---------------------------------------------------
+    "log_chunk_conflict": ErrorSpec(
+        409,
+        "A log chunk of this sequence number was stored with other content (or the sequence is "
+        "behind what the log already holds); the stored chunk stands.",
+        WorkerAction.FIX_REQUEST,
+    ),
+    "log_backpressure": ErrorSpec(
+        429,
+        "The attempt's log is arriving faster than the control plane takes it; nothing was stored: "
+        "send the same chunk again after Retry-After.",
+        WorkerAction.RETRY,
+    ),
+    "artifact_not_declared": ErrorSpec(
+        422,
+        "The artifact's name matches none of the revision's declared output globs.",
+        WorkerAction.FIX_REQUEST,
+    ),
+    "artifact_limit_exceeded": ErrorSpec(
+        413,
+        "The artifact is over a declared limit (`field` names it: maxFiles, maxFileBytes or "
+        "maxTotalBytes; `details.limit` its value); nothing was stored.",
+        WorkerAction.FIX_REQUEST,
+    ),
+    "artifact_checksum_mismatch": ErrorSpec(
+        422,
+        "The uploaded bytes do not have the declared SHA-256; this part was not stored.",
+        WorkerAction.FIX_REQUEST,
+    ),
+    "artifact_conflict": ErrorSpec(
+        409,
+        "An artifact of this name was (or is being) uploaded with another size or SHA-256, or this part "
+        "differs from the stored one.",
+        WorkerAction.FIX_REQUEST,
+    ),
+    "artifact_not_found": ErrorSpec(404, "No such artifact (or it expired).", WorkerAction.NONE),
+    "log_not_found": ErrorSpec(404, "No such attempt of this run, or its log expired.", WorkerAction.NONE),
+    "artifact_gone": ErrorSpec(
+        410,
+        "The artifact's row exists but its stored object is missing from the output storage "
+        "(deleted outside the control plane); nothing can be downloaded.",
+        WorkerAction.NONE,
+    ),
+    "log_gone": ErrorSpec(
+        410,
+        "The attempt's compacted log object is missing from the output storage (deleted outside "
+        "the control plane); its bytes cannot be read.",
+        WorkerAction.NONE,
+    ),
     # --- schedules (docs/schedules.md) --------------------------------------------------------
     "schedule_not_found": ErrorSpec(404, "No such schedule.", WorkerAction.NONE),
     "schedule_version_conflict": ErrorSpec(

@@ -171,6 +171,15 @@ class Lease(TypedDict):
     renewIntervalSeconds: int
 
 
+class OutputsSpec(TypedDict):
+    """Declared artifacts (docs/logs.md): globs relative to the work directory and their limits."""
+
+    paths: list[str]
+    maxFiles: int
+    maxFileBytes: int
+    maxTotalBytes: int
+
+
 class ExecutionSpec(TypedDict):
     """``qinglong/execution-spec@v1``: what to run for one attempt (no secrets, no lease token)."""
 
@@ -186,6 +195,10 @@ class ExecutionSpec(TypedDict):
     env: dict[str, str]
     timeoutSeconds: int
     revisionSha256: str
+    outputs: NotRequired[OutputsSpec]
+    #: Names of the ``env`` variables whose values are masked in the log (protocol/masking.py);
+    #: present only when the revision names some.
+    secretEnv: NotRequired[list[str]]
 
 
 class Offer(TypedDict):
@@ -216,6 +229,46 @@ class CompleteAnswer(TypedDict):
     outcome: str
 
 
+class LogSegment(TypedDict):
+    """One stream's bytes in a log chunk: ``offset`` is the agent's monotonic byte offset of the
+    first byte within that stream; ``content`` base64 (docs/logs.md)."""
+
+    stream: str
+    offset: int
+    content: str
+
+
+class LogChunk(LeaseFence):
+    """``POST lease/log``: chunk ``seq`` (from 1 per attempt) of the attempt's output."""
+
+    seq: int
+    segments: list[LogSegment]
+
+
+class LogChunkAnswer(TypedDict):
+    status: str  # stored | idempotent | truncated
+    nextSeq: int
+    intervalSeconds: float
+    truncated: bool
+    storedBytes: int
+
+
+class ArtifactPart(LeaseFence):
+    """``POST lease/artifact``: one part (in order) of a declared output file (docs/logs.md)."""
+
+    name: str
+    size: int
+    sha256: str
+    offset: int
+    content: str
+
+
+class ArtifactPartAnswer(TypedDict):
+    status: str  # receiving | stored | idempotent
+    receivedBytes: int
+    artifactId: int
+
+
 #: The request body of every worker endpoint.
 REQUESTS: dict[str, type] = {
     wire.ENROLL: Enroll,
@@ -231,6 +284,8 @@ REQUESTS: dict[str, type] = {
     wire.LEASE_RENEW: VersionedLease,
     wire.LEASE_RELEASE: VersionedLease,
     wire.LEASE_COMPLETE: Complete,
+    wire.LOG_APPEND: LogChunk,
+    wire.ARTIFACT_UPLOAD: ArtifactPart,
 }
 
 #: The answer body of every worker endpoint.
@@ -248,4 +303,6 @@ ANSWERS: dict[str, type] = {
     wire.LEASE_RENEW: AckAnswer,
     wire.LEASE_RELEASE: AckAnswer,
     wire.LEASE_COMPLETE: CompleteAnswer,
+    wire.LOG_APPEND: LogChunkAnswer,
+    wire.ARTIFACT_UPLOAD: ArtifactPartAnswer,
 }

@@ -17,17 +17,30 @@ LEASE_START_FAILED = API_PREFIX + "lease/start-failed"
 LEASE_RENEW = API_PREFIX + "lease/renew"
 LEASE_RELEASE = API_PREFIX + "lease/release"
 LEASE_COMPLETE = API_PREFIX + "lease/complete"
+LOG_APPEND = API_PREFIX + "lease/log"
+ARTIFACT_UPLOAD = API_PREFIX + "lease/artifact"
 
 #: Request body limits in bytes, enforced before parsing (413 ``body_too_large``).
 #: Registration carries the 16 KiB snapshot plus envelope; completion carries two output tails.
 BODY_LIMITS = {
     SESSION_REGISTER: 20 * 1024,
     LEASE_COMPLETE: 24 * 1024,
+    LOG_APPEND: 64 * 1024,
+    ARTIFACT_UPLOAD: 64 * 1024,
 }
 DEFAULT_BODY_LIMIT = 4 * 1024
 
 #: Output tails sent with a completion (bytes of UTF-8 after replacement of invalid sequences).
 OUTPUT_TAIL_BYTES = 8 * 1024
+#: Largest log chunk (raw bytes before base64; docs/logs.md): with base64 and the fences it fits
+#: the LOG_APPEND body limit.
+LOG_CHUNK_BYTES = 32 * 1024
+#: Largest artifact part (raw bytes before base64): fits the ARTIFACT_UPLOAD body limit.
+ARTIFACT_PART_BYTES = 32 * 1024
+#: Most segments (runs of one stream's bytes) in one log chunk.
+MAX_LOG_SEGMENTS = 64
+#: Streams a log chunk may name.
+LOG_STREAMS = ("stdout", "stderr")
 #: Most offers one claim request may ask for.
 MAX_OFFERS_PER_CLAIM = 8
 #: Exit status of `qinglong-worker run` when its session was fenced (superseded, expired,

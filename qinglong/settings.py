@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "runs",
     "placement",
     "leases",
+    "logs",
     "accounts",
     "schedules",
     "console",
@@ -198,8 +199,18 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise serves the admin's files from the finders
+_OUTPUT_BACKEND = env.str("QINGLONG_OUTPUT_STORAGE", default="django.core.files.storage.FileSystemStorage")
+_OUTPUT_OPTIONS = (
+    {"location": env.str("QINGLONG_OUTPUT_DIR", default=str(VAR_DIR / "output"))}
+    if _OUTPUT_BACKEND.endswith(".FileSystemStorage")
+    else {}
+)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Compacted job logs and artifacts (docs/logs.md). Any Django storage backend fits, e.g. an
+    # S3-compatible store through django-storages in the cluster profile (every replica must
+    # reach the same store): set QINGLONG_OUTPUT_STORAGE to its dotted class path.
+    "output": {"BACKEND": _OUTPUT_BACKEND, "OPTIONS": _OUTPUT_OPTIONS},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True
@@ -291,6 +302,20 @@ QINGLONG = {
     "SUPPORTED_PROTOCOL_VERSIONS": tuple(
         env.list("QINGLONG_SUPPORTED_PROTOCOL_VERSIONS", cast=int, default=[1])
     ),
+}
+
+# --- job output: live logs and artifacts (logs/, actions/logs.py, actions/artifacts.py; docs/logs.md)
+QINGLONG_OUTPUT = {
+    # Stored bytes of one attempt's log; past it one truncation marker and nothing more.
+    "LOG_MAX_BYTES": env.int("QINGLONG_LOG_MAX_BYTES", default=16 * 1024 * 1024),
+    # How often an agent sends its buffered output when less than a full chunk is waiting (the
+    # answer's intervalSeconds, like GitLab's 3 s trace update interval; doubled while the attempt
+    # logs faster than half the rate below). A full chunk is sent at once.
+    "LOG_INTERVAL_SECONDS": env.float("QINGLONG_LOG_INTERVAL_SECONDS", default=3.0),
+    # Bytes per second one attempt may log; beyond, chunks are refused with log_backpressure (429).
+    "LOG_RATE_BYTES_PER_SECOND": env.int("QINGLONG_LOG_RATE_BYTES_PER_SECOND", default=4 * 1024 * 1024),
+    # Log and artifact requests per worker (their own bucket, besides RATE_WORKER's).
+    "RATE_OUTPUT": env.str("QINGLONG_RATE_OUTPUT", default="6000/m"),
 }
 
 # --- serving (manage.py serve: Granian + qinglong.serving.RequestGuard; docs/deploy.md) ------------

@@ -19,10 +19,12 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/worker/", include("api.workers.urls")),
     path("api/v1/worker/", include("api.leases.urls")),
+    path("api/v1/worker/", include("api.logs.urls")),
     path("api/v1/ops/", include("api.runs.urls")),
     path("api/v1/ops/", include("api.placement.urls")),
     path("api/v1/ops/", include("api.fleet.urls")),
     path("api/v1/ops/", include("api.schedules.urls")),
+    path("api/v1/ops/", include("api.logs.ops_urls")),
     path("api/v1/schema", BrowserSchemaView.as_view(), name="openapi-schema"),
     path("api/v1/docs", DocsView.as_view(), name="api-docs"),
 ]

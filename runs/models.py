@@ -64,6 +64,15 @@ class TaskRevision(models.Model):
     )
     retry_backoff_seconds = models.PositiveIntegerField(default=10, editable=False)
     retry_backoff_max_seconds = models.PositiveIntegerField(default=300, editable=False)
+    #: Names of ``env`` variables whose values are secret: masked in the stored log (docs/logs.md).
+    secret_env = models.JSONField(default=list, editable=False)
+    #: Declared artifacts: globs relative to the job's work directory, and their limits (docs/logs.md).
+    output_paths = models.JSONField(default=list, editable=False)
+    artifact_max_files = models.PositiveIntegerField(default=16, editable=False)
+    artifact_max_file_bytes = models.PositiveBigIntegerField(default=16 * 1024 * 1024, editable=False)
+    artifact_max_total_bytes = models.PositiveBigIntegerField(default=64 * 1024 * 1024, editable=False)
+    #: Days an attempt's log and artifacts are kept after it ends (the retention sweep deletes them).
+    output_retention_days = models.PositiveIntegerField(default=30, editable=False)
     #: SHA-256 of the canonical execution content (executor, command, env, timeout, placement).
     spec_sha256 = models.CharField(max_length=64, editable=False)
     created_by = models.ForeignKey(

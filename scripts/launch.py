@@ -152,6 +152,15 @@ class Operator:
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}")
 
+    def text(self, path: str) -> tuple[int, str]:
+        """GET a plain-text answer (the run log, docs/logs.md)."""
+        request = urllib.request.Request(SERVER + path, headers={"Authorization": f"Token {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=15) as response:
+                return response.status, response.read().decode("utf-8", errors="replace")
+        except urllib.error.HTTPError as exc:
+            return exc.code, ""
+
 
 def wait_for_server(server: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
@@ -425,6 +434,11 @@ def watch(
                 f"on {attempt.get('workerName')} (attempt {attempt.get('number')})"
                 + (f" — {tail[-1][:80]}" if tail else "")
             )
+            # The job's own output lines, as the control plane stored them (its live log).
+            status, text = operator.text(f"/api/v1/ops/runs/{run_id}/log")
+            for line in text.splitlines()[:20] if status == 200 else []:
+                say(f"    {name} | {line[:120]}")
+            say(f"    {name}: {SERVER}/admin/runs/run/{run_id}/change/")
         time.sleep(0.3)
     for run_id, (name, _) in pending.items():
         say(f"BAD {name}: run {run_id} did not finish within {timeout}s")

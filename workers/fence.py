@@ -152,3 +152,22 @@ def lock_and_fence(
         purpose=purpose,
     )
     return FencedSession(worker=worker, session=session, now=now)
+
+
+def read_and_fence(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, purpose: Purpose
+) -> FencedSession:
+    """:func:`lock_and_fence` without the worker row lock, for a high-rate call that changes no
+    worker or session state (a live log chunk, docs/logs.md, Rate): the worker row is read, not
+    locked, so the call never queues behind (or holds up) that worker's claims and heartbeats.
+    The caller must then lock a row that every state change it depends on also locks (the run:
+    lease settlement locks it), and decide on the lease's state read under that lock.
+    Raises ``worker_not_found`` and every code of :func:`check_session`; writes nothing."""
+    worker = Worker.objects.filter(pk=worker_id).order_by().first()
+    if worker is None:
+        raise DomainError("worker_not_found", "no such worker")
+    now = db_now()
+    session = fence_session(
+        worker, session_id=session_id, generation=generation, expected_version=None, now=now, purpose=purpose
+    )
+    return FencedSession(worker=worker, session=session, now=now)

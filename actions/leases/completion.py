@@ -19,6 +19,7 @@ from leases.fence import (
     require_active,
 )
 from leases.models import LeaseState
+from logs.rules import mask_text
 from runs.outcomes import conclude_attempt
 from runs.states import AttemptState
 
@@ -135,8 +136,9 @@ def lease_complete(
         actor_type=ActorType.WORKER,
         actor=ctx.worker.name,
         exit_code=completion.exit_code,
-        stdout_tail=completion.stdout_tail,
-        stderr_tail=completion.stderr_tail,
+        # The tails are stored output too: secret env values masked like the log (docs/logs.md).
+        stdout_tail=mask_text(completion.stdout_tail, run.revision.env, run.revision.secret_env),
+        stderr_tail=mask_text(completion.stderr_tail, run.revision.env, run.revision.secret_env),
     )
     record(
         "lease.completed",

@@ -8,7 +8,18 @@ from rest_framework import serializers
 
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
 from runs.models import LostRetry
-from runs.revisions import EXECUTORS, RETRYABLE_OUTCOMES, RevisionSpec
+from runs.revisions import (
+    EXECUTORS,
+    MAX_ARTIFACT_FILE_BYTES,
+    MAX_ARTIFACT_FILES,
+    MAX_ENV,
+    MAX_OUTPUT_PATH_CHARS,
+    MAX_OUTPUT_PATHS,
+    MAX_RETENTION_DAYS,
+    RETRYABLE_OUTCOMES,
+    OutputSpec,
+    RevisionSpec,
+)
 
 
 class RetrySerializer(StrictSerializer):
@@ -19,6 +30,32 @@ class RetrySerializer(StrictSerializer):
     lostRetry = serializers.ChoiceField(choices=LostRetry.values, default=LostRetry.NEVER)
     backoffSeconds = StrictIntegerField(min_value=1, max_value=86400, default=10)
     backoffMaxSeconds = StrictIntegerField(min_value=1, max_value=86400, default=300)
+
+
+class OutputsSerializer(StrictSerializer):
+    """What the revision keeps of its attempts (docs/logs.md): secrets masked in the log,
+    declared artifact globs and their limits, retention."""
+
+    secretEnv = serializers.ListField(
+        child=StrictCharField(max_length=64),
+        max_length=MAX_ENV,
+        default=list,
+        help_text="env names masked in logs",
+    )
+    paths = serializers.ListField(
+        child=StrictCharField(max_length=MAX_OUTPUT_PATH_CHARS),
+        max_length=MAX_OUTPUT_PATHS,
+        default=list,
+        help_text="artifact globs relative to the job's work directory",
+    )
+    maxFiles = StrictIntegerField(min_value=1, max_value=MAX_ARTIFACT_FILES, default=16)
+    maxFileBytes = StrictIntegerField(
+        min_value=1, max_value=MAX_ARTIFACT_FILE_BYTES, default=16 * 1024 * 1024
+    )
+    maxTotalBytes = StrictIntegerField(
+        min_value=1, max_value=MAX_ARTIFACT_FILES * MAX_ARTIFACT_FILE_BYTES, default=64 * 1024 * 1024
+    )
+    retentionDays = StrictIntegerField(min_value=1, max_value=MAX_RETENTION_DAYS, default=30)
 
 
 class RevisionInSerializer(StrictSerializer):
@@ -34,10 +71,12 @@ class RevisionInSerializer(StrictSerializer):
         required=False, default=dict, help_text="PlacementSpec: {required: {...}, preferred: {labels: [...]}}"
     )
     retry = RetrySerializer(required=False)
+    outputs = OutputsSerializer(required=False)
 
     def to_spec(self) -> RevisionSpec:
         data = self.validated_data
         retry = data.get("retry") or RetrySerializer(data={}).run_validation({})
+        outputs = data.get("outputs") or OutputsSerializer(data={}).run_validation({})
         return RevisionSpec(
             executor=data["executor"],
             command=data["command"],
@@ -49,6 +88,14 @@ class RevisionInSerializer(StrictSerializer):
             lost_retry=retry["lostRetry"],
             retry_backoff_seconds=retry["backoffSeconds"],
             retry_backoff_max_seconds=retry["backoffMaxSeconds"],
+            output=OutputSpec(
+                secret_env=tuple(outputs["secretEnv"]),
+                paths=tuple(outputs["paths"]),
+                max_files=outputs["maxFiles"],
+                max_file_bytes=outputs["maxFileBytes"],
+                max_total_bytes=outputs["maxTotalBytes"],
+                retention_days=outputs["retentionDays"],
+            ),
         )
 
 
@@ -82,6 +129,17 @@ class RevisionOutSerializer(serializers.Serializer):
     placementSha256 = serializers.CharField(source="placement_sha256")
     specSha256 = serializers.CharField(source="spec_sha256")
     maxAttempts = serializers.IntegerField(source="max_attempts")
+    outputs = serializers.SerializerMethodField(help_text="secrets masked in logs, artifacts, retention")
+
+    def get_outputs(self, revision) -> dict:
+        return {
+            "secretEnv": list(revision.secret_env),
+            "paths": list(revision.output_paths),
+            "maxFiles": revision.artifact_max_files,
+            "maxFileBytes": revision.artifact_max_file_bytes,
+            "maxTotalBytes": revision.artifact_max_total_bytes,
+            "retentionDays": revision.output_retention_days,
+        }
 
 
 class TaskOutSerializer(serializers.Serializer):

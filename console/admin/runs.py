@@ -35,6 +35,7 @@ from console.admin.base import (
 from core.db import db_now
 from core.errors import DomainError
 from leases.models import RunDispatchLease
+from logs.selectors import read_log, run_artifacts
 from placement import spec as placement_spec
 from placement.matching import SUMMARY_CATEGORIES
 from placement.selectors import describe_summary, live_workers, parse_placement, placement_preview
@@ -42,6 +43,9 @@ from runs import selectors
 from runs.models import LostRetry, Run, RunAttempt, Task, TaskRevision
 from runs.revisions import EXECUTORS, MAX_TIMEOUT_SECONDS, RETRYABLE_OUTCOMES, RevisionSpec
 from runs.states import RUN_TERMINAL, AttemptState, RunState
+
+#: Bytes of each attempt's log the run page renders itself; the page's script reads on from there.
+ADMIN_LOG_BYTES = 256 * 1024
 
 #: Environment variables whose values the console never shows (names matched case-insensitively).
 SECRET_NAME = re.compile(r"secret|token|passw|pwd|key|credential|auth|private", re.IGNORECASE)
@@ -653,7 +657,7 @@ class RunAdmin(ReadOnlyAdmin):
     list_select_related = ("task",)
     search_fields = ("=id", "task__name")
     actions = (cancel, retry)
-    change_form_template = "admin/ql_change_form.html"
+    change_form_template = "admin/runs/run/change_form.html"
     fields = (
         "task",
         "revision_link",
@@ -666,6 +670,8 @@ class RunAdmin(ReadOnlyAdmin):
         "why_waiting_detail",
         "scheduled_by",
         "attempts_table",
+        "live_log",
+        "artifacts",
         "output",
         "timeline",
     )
@@ -817,6 +823,58 @@ class RunAdmin(ReadOnlyAdmin):
         headers = ("attempt", "state", "worker", "leases", "exit", "reason", "started", "finished")
         rows = [(format_html('<a href="{}">#{}</a>', url, number), *rest) for url, number, *rest in rows]
         return table(headers, rows)
+
+    @admin.display(description="log")
+    def live_log(self, run):
+        """Every attempt's stored log; a live one follows itself (``?after=`` polling by the
+        page's script, templates/admin/runs/run/change_form.html; docs/logs.md, Reading)."""
+        attempts = list(RunAttempt.objects.filter(run=run).only("id", "number", "state").order_by("number"))
+        if not attempts:
+            return "no attempt yet"
+        url = reverse("ops-run-log", args=[run.pk])
+        blocks = []
+        for attempt in attempts:
+            piece = read_log(attempt, limit=ADMIN_LOG_BYTES)
+            blocks.append(
+                (
+                    attempt.number,
+                    "ended" if piece.complete else "live",
+                    f"{url}?attempt={attempt.number}",
+                    f"{url}?attempt={attempt.number}",
+                    "true" if piece.complete else "false",
+                    piece.next_offset,
+                    attempt.number,
+                    piece.data.decode("utf-8", errors="replace"),
+                )
+            )
+        return format_html_join(
+            "",
+            '<p>attempt #{} <span class="ql-log-state">{}</span> — <a href="{}">plain text</a></p>'
+            '<pre class="ql-pre ql-log" data-log-url="{}" data-complete="{}" data-next-offset="{}" '
+            'id="ql-log-{}" style="max-height: 32em; overflow: auto">{}</pre>',
+            blocks,
+        )
+
+    @admin.display(description="artifacts")
+    def artifacts(self, run):
+        stored = run_artifacts(run.pk)
+        if not stored:
+            return "none"
+        rows = [
+            (
+                f"#{artifact.attempt.number}",
+                format_html(
+                    '<a href="{}" download>{}</a>',
+                    reverse("ops-run-artifact", args=[run.pk, artifact.pk]),
+                    artifact.name,
+                ),
+                artifact.size,
+                format_html("<code>{}</code>", artifact.sha256),
+                when(artifact.expires_at),
+            )
+            for artifact in stored
+        ]
+        return table(("attempt", "name", "bytes", "SHA-256", "kept until"), rows)
 
     @admin.display(description="output (bounded tails of the latest attempt that reported)")
     def output(self, run):

@@ -10,6 +10,7 @@ import pytest
 from rest_framework import serializers
 
 from api.leases import serializers as lease_s
+from api.logs import serializers as log_s
 from api.workers import serializers as worker_s
 from leases.offers import execution_spec
 from protocol import messages as m
@@ -30,6 +31,8 @@ SERIALIZERS = {
     wire.LEASE_RENEW: (lease_s.VersionedLeaseSerializer, lease_s.AckOutSerializer),
     wire.LEASE_RELEASE: (lease_s.VersionedLeaseSerializer, lease_s.AckOutSerializer),
     wire.LEASE_COMPLETE: (lease_s.CompleteSerializer, lease_s.CompleteOutSerializer),
+    wire.LOG_APPEND: (log_s.LogChunkSerializer, log_s.LogChunkOutSerializer),
+    wire.ARTIFACT_UPLOAD: (log_s.ArtifactPartSerializer, log_s.ArtifactPartOutSerializer),
 }
 
 
@@ -80,7 +83,21 @@ def test_answer_keys_are_the_serializer_fields(path):
 
 def test_the_execution_spec_keys_are_what_a_claim_hands_out():
     revision = SimpleNamespace(
-        pk=1, number=1, executor="shell", command="true", env={}, timeout_seconds=5, spec_sha256="0" * 64
+        pk=1,
+        number=1,
+        executor="shell",
+        command="true",
+        env={},
+        timeout_seconds=5,
+        spec_sha256="0" * 64,
+        output_paths=["out/*"],
+        artifact_max_files=1,
+        artifact_max_file_bytes=2,
+        artifact_max_total_bytes=3,
     )
     run = SimpleNamespace(pk=2, task_id=3, revision=revision)
-    assert set(execution_spec(run, SimpleNamespace(pk=4, number=1))) == set(m.ExecutionSpec.__annotations__)
+    spec = execution_spec(run, SimpleNamespace(pk=4, number=1))
+    assert set(spec) == set(m.ExecutionSpec.__annotations__)
+    assert set(spec["outputs"]) == set(m.OutputsSpec.__annotations__)
+    revision.output_paths = []  # nothing declared: no outputs key (and the spec digest of old revisions)
+    assert set(execution_spec(run, SimpleNamespace(pk=4, number=1))) == m.ExecutionSpec.__required_keys__

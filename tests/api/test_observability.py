@@ -110,4 +110,12 @@ def test_make_run_prints_only_json_in_json_mode(tmp_path):
         except (ValueError, AssertionError):
             not_json.append(line)
     assert not not_json, not_json[:5]
-    assert any("worker drained and went offline cleanly" in json.loads(line)["message"] for line in lines)
+    messages = [json.loads(line)["message"] for line in lines]
+    assert any("worker drained and went offline cleanly" in message for message in messages)
+    # each sample's own output lines, read back from its stored log (issue 14)
+    assert any(message.startswith("    sample-shell | hello from ") for message in messages), messages[-40:]
+    assert any(message.startswith("    sample-exit-3 | about to fail") for message in messages)
+    assert any(
+        "sample-python: http://127.0.0.1:" in message and "/admin/runs/run/" in message
+        for message in messages
+    )

@@ -1,0 +1,130 @@
+"""Wire shapes of job output: log chunks and artifact parts (worker), log reads and artifact
+lists (operator). docs/logs.md."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from rest_framework import serializers
+
+from api.base import StrictCharField, StrictIntegerField, StrictSerializer
+from api.leases.serializers import MAX_COUNTER, LeaseFenceSerializer
+from protocol.wire import ARTIFACT_PART_BYTES, LOG_CHUNK_BYTES, LOG_STREAMS, MAX_LOG_SEGMENTS
+
+#: Offsets and sizes stay exact in every JSON reader (2^53).
+MAX_OFFSET = 2**53 - 1
+SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
+
+
+class Base64Field(StrictCharField):
+    """Bytes as standard base64 (padding required), at most ``max_bytes`` once decoded."""
+
+    def __init__(self, *, max_bytes: int, **kwargs):
+        self.max_bytes = max_bytes
+        super().__init__(allow_blank=True, max_length=4 * ((max_bytes + 2) // 3), **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        try:
+            decoded = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise serializers.ValidationError("must be standard base64") from None
+        if len(decoded) > self.max_bytes:
+            raise serializers.ValidationError(f"at most {self.max_bytes} bytes")
+        return decoded
+
+
+class LogSegmentSerializer(StrictSerializer):
+    stream = serializers.ChoiceField(choices=list(LOG_STREAMS))
+    offset = StrictIntegerField(min_value=0, max_value=MAX_OFFSET)
+    content = Base64Field(max_bytes=LOG_CHUNK_BYTES)
+
+
+class LogChunkSerializer(LeaseFenceSerializer):
+    seq = StrictIntegerField(min_value=1, max_value=MAX_COUNTER)
+    # DRF passes min_length/max_length on to the ListSerializer that many=True builds.
+    segments = LogSegmentSerializer(  # type: ignore[call-arg]
+        many=True, min_length=1, max_length=MAX_LOG_SEGMENTS
+    )
+
+    def validate_segments(self, value):
+        total = sum(len(segment["content"]) for segment in value)
+        if total > LOG_CHUNK_BYTES:
+            raise serializers.ValidationError(f"at most {LOG_CHUNK_BYTES} bytes in all segments")
+        return value
+
+
+class LogChunkOutSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["stored", "idempotent", "truncated"])
+    nextSeq = serializers.IntegerField()
+    intervalSeconds = serializers.FloatField(help_text="wait this long before the next send")
+    truncated = serializers.BooleanField(help_text="the log reached its cap: send no more")
+    storedBytes = serializers.IntegerField()
+
+
+class ArtifactNameField(StrictCharField):
+    """A relative "/"-separated path: no leading "/", no "." or ".." segment, no NUL."""
+
+    def __init__(self, **kwargs):
+        super().__init__(min_length=1, max_length=300, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        parts = value.split("/")
+        if (
+            value.startswith("/")
+            or "\x00" in value
+            or "\\" in value
+            or any(p in ("", ".", "..") for p in parts)
+        ):
+            raise serializers.ValidationError("must be a relative path without '.', '..' or empty segments")
+        return value
+
+
+class Sha256Field(StrictCharField):
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if not SHA256_HEX.match(value):
+            raise serializers.ValidationError("must be 64 lowercase hex digits")
+        return value
+
+
+class ArtifactPartSerializer(LeaseFenceSerializer):
+    name = ArtifactNameField()
+    size = StrictIntegerField(min_value=0, max_value=MAX_OFFSET)
+    sha256 = Sha256Field()
+    offset = StrictIntegerField(min_value=0, max_value=MAX_OFFSET)
+    content = Base64Field(max_bytes=ARTIFACT_PART_BYTES)
+
+
+class ArtifactPartOutSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["receiving", "stored", "idempotent"])
+    receivedBytes = serializers.IntegerField()
+    artifactId = serializers.IntegerField()
+
+
+class LogQuerySerializer(StrictSerializer):
+    attempt = StrictIntegerField(min_value=1, max_value=32767, required=False)
+    after = StrictIntegerField(min_value=0, max_value=MAX_OFFSET, required=False, default=0)
+    stream = serializers.ChoiceField(choices=list(LOG_STREAMS), required=False)
+
+    def to_internal_value(self, data):
+        # Query strings are text: digits become integers here, anything else is refused by field.
+        converted = {}
+        for key, value in data.items():
+            converted[key] = (
+                int(value) if key in ("attempt", "after") and value.isascii() and value.isdigit() else value
+            )
+        return super().to_internal_value(converted)
+
+
+class ArtifactOutSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    attempt = serializers.IntegerField(source="attempt.number")
+    name = serializers.CharField()
+    size = serializers.IntegerField()
+    sha256 = serializers.CharField()
+    storedAt = serializers.DateTimeField(source="stored_at")
+    expiresAt = serializers.DateTimeField(source="expires_at")

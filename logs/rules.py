@@ -1,0 +1,71 @@
+"""Pure rules of the stored log (docs/logs.md): secret masking and marker lines.
+
+A marker is a line the control plane writes into the stored log itself, so that a reader sees
+what is missing: a gap (bytes the agent dropped or chunks that never arrived) or the truncation
+at the per-attempt cap. Markers start on a line of their own.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from protocol.masking import MASK as MASK
+from protocol.masking import MIN_SECRET_CHARS as MIN_SECRET_CHARS
+from protocol.masking import mask as mask
+from protocol.masking import secret_values as secret_values
+
+
+def marker(text: str, *, at_line_start: bool) -> bytes:
+    """One marker line, ``[qinglong] text``, preceded by a newline unless already at a line start."""
+    line = f"[qinglong] {text}\n".encode()
+    return line if at_line_start else b"\n" + line
+
+
+def gap_marker(stream: str, missing: int, *, at_line_start: bool) -> bytes:
+    """The marker for ``missing`` bytes of ``stream`` that never reached the control plane."""
+    return marker(
+        f"gap: {missing} bytes of {stream} were lost before they reached the control plane",
+        at_line_start=at_line_start,
+    )
+
+
+def sequence_gap_marker(first: int, last: int, *, at_line_start: bool) -> bytes:
+    """The marker for chunks ``first``…``last`` that never arrived."""
+    which = f"chunk {first}" if first == last else f"chunks {first}-{last}"
+    return marker(f"gap: log {which} never arrived", at_line_start=at_line_start)
+
+
+def truncation_marker(limit: int, *, at_line_start: bool) -> bytes:
+    """The marker written once when an attempt's log reaches its cap of ``limit`` bytes."""
+    return marker(
+        f"log truncated: this attempt reached the cap of {limit} bytes", at_line_start=at_line_start
+    )
+
+
+def matches_declared(name: str, globs: list[str]) -> bool:
+    """Whether the relative ``/``-separated ``name`` matches one of the declared globs
+    (``fnmatch`` rules per path; ``**`` also matches across directories)."""
+    return any(
+        fnmatch.fnmatchcase(name, glob) or fnmatch.fnmatchcase(name, glob.replace("**/", ""))
+        for glob in globs
+    )
+
+
+def object_name(attempt_id: object) -> str:
+    """Storage name of an attempt's compacted log."""
+    return f"logs/{attempt_id}.log"
+
+
+def artifact_object_name(attempt_id: object, artifact_id: int) -> str:
+    """Storage name of one artifact (by id: names may hold any characters)."""
+    return f"artifacts/{attempt_id}/{artifact_id}"
+
+
+def mask_text(text: str, env: dict[str, str], names: list[str]) -> str:
+    """``text`` with the secret ``env`` values named in ``names`` masked (the output tails a
+    completion carries; same rule as the stored log)."""
+    for value in sorted(
+        (env[n] for n in names if len(env.get(n, "")) >= MIN_SECRET_CHARS), key=len, reverse=True
+    ):
+        text = text.replace(value, MASK.decode())
+    return text
