@@ -4,11 +4,12 @@ cost)."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import F
 from django.db.models.functions import Now
 
+from core.conf import protocol
 from core.db import db_now, write_path
 from core.errors import DomainError
 from leases.selectors import cancel_requested_attempt_ids
@@ -153,4 +154,70 @@ def _heartbeat_write(
                 "session_version_conflict", "the session changed under the heartbeat", field="expectedVersion"
             )
         session.refresh_from_db()
+    return SessionView(session=session, server_time=now)
+
+
+def session_keep_alive(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, hold_seconds: float
+) -> SessionView:
+    """A waiting claim's liveness: keep the session lease for ``hold_seconds`` more (docs/sessions.md,
+    "Waiting claims keep the session alive").
+
+    ``hold_seconds``: how long the caller will wait before it answers (the wait bound; 0 at the
+    end of a wait). The lease is extended to DB now + TTL only when less than ``hold_seconds``
+    plus one heartbeat interval of it is left; otherwise this is a pure read like an unchanged
+    heartbeat. The version never changes (no slots are reported), so a keep-alive never
+    conflicts with a heartbeat or an operator's drain. Fenced by session and generation like a
+    claim. Returns the session as a heartbeat answers it (cancellations, rotation).
+
+    Raises: every ``fence_session`` code (``Purpose.LEASE``: a draining session passes),
+    ``storage_busy``, ``lock_timeout``.
+    """
+    session = (
+        WorkerSession.objects.select_related("worker")
+        .annotate(db_now=Now())
+        .filter(pk=session_id, worker_id=worker_id)
+        .first()
+    )
+    if session is None:
+        worker = Worker.objects.filter(pk=worker_id).first()
+        if worker is None:
+            raise DomainError("worker_not_found", "no such worker")
+        check_session(
+            worker, None, generation=generation, expected_version=None, now=db_now(), purpose=Purpose.LEASE
+        )
+        raise AssertionError("check_session accepts no missing session")
+    now = session.db_now
+    check_session(
+        session.worker, session, generation=generation, expected_version=None, now=now, purpose=Purpose.LEASE
+    )
+    view = SessionView(session=session, server_time=now)
+    needed = timedelta(seconds=hold_seconds + protocol().heartbeat_interval_seconds)
+    if session.lease_expires_at - now < needed:
+        view = _keep_alive_write(worker_id=worker_id, session_id=session_id, generation=generation)
+    return SessionView(
+        session=view.session,
+        server_time=view.server_time,
+        cancel_requested=tuple(cancel_requested_attempt_ids(session_id)),
+        rotation_required=session.worker.rotation_required,
+    )
+
+
+@write_path
+def _keep_alive_write(*, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int) -> SessionView:
+    """The keep-alive's write, under the worker lock: extend the lease to DB now + TTL."""
+    fenced = lock_and_fence(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        expected_version=None,
+        purpose=Purpose.LEASE,
+    )
+    session, now = fenced.session, fenced.now
+    changed = WorkerSession.objects.filter(
+        pk=session.pk, generation=generation, state__in=LIVE_SESSION_STATES, lease_expires_at__gt=now
+    ).update(lease_expires_at=now + session_lease_ttl())
+    if changed != 1:
+        raise DomainError("session_expired", "the session lease lapsed", field="sessionId")
+    session.refresh_from_db()
     return SessionView(session=session, server_time=now)

@@ -112,7 +112,7 @@ class Command(BaseCommand):
             "qinglong.asgi:application",
             address=options["host"],
             port=options["port"],
-            interface=Interfaces.ASGINL,
+            interface=Interfaces.ASGI,  # with lifespan: shutdown ends the waiting requests first
             workers=options["workers"],
             http=HTTPModes.http1,
             websockets=False,
