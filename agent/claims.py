@@ -109,7 +109,7 @@ class Claims:
             "waitSeconds": agent.settings.wait_seconds,
         }
         if self.granted is not None:
-            # The server extends the session lease for the wait plus a heartbeat interval.
+            # While the wait is held the server keeps the session alive (docs/sessions.md).
             agent.heartbeat.postpone(self.granted + session.heartbeat_interval / 2)
         self._interrupted.clear()
         self._watch_only = not offers

@@ -17,6 +17,10 @@ capacity or cancellations changed). Missed wake-ups are harmless: every
 index scan per process, not one per waiter) and wakes waiters for them as if notified; and every
 wait claims at its start. ``shutdown()`` ends every wait at once.
 
+A held wait is its worker's heartbeat: every half heartbeat interval the hub extends the session
+leases of all its waiters in one statement (``sessions_keep_alive``), so an idle worker sends
+only its waits (docs/sessions.md, "Waiting claims keep the session alive").
+
 The hub's own work (the LISTEN connection, the slow re-check) runs on one event loop in one
 thread per process. Sync work (the claim service, keep-alives, probes) runs in one bounded thread pool
 (:data:`EXECUTOR`, ``QINGLONG_MAX_ACTIVE_REQUESTS`` threads), each call returning its database
@@ -29,6 +33,7 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,8 +42,9 @@ from typing import Any, TypeVar
 import psycopg
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, connections
 
+from actions.sessions.heartbeat import sessions_keep_alive
 from core import wakeups
 from core.conf import protocol
 from core.db import db_now
@@ -53,6 +59,8 @@ EXECUTOR = ThreadPoolExecutor(
     max_workers=max(1, int(settings.QINGLONG_SERVER["MAX_ACTIVE_REQUESTS"])), thread_name_prefix="waiting"
 )
 
+#: Seconds without any waiting request after which the hub's thread ends (restarted on demand).
+IDLE_STOP_SECONDS = 10.0
 #: Seconds between two attempts to (re)open the LISTEN connection after it failed.
 LISTEN_RETRY_SECONDS = 1.0
 
@@ -81,13 +89,16 @@ class Waiter:
         "loop",
         "pending",
         "reason",
+        "session",
         "since",
         "wants_work",
         "worker_id",
     )
 
-    def __init__(self, worker_id: str, *, wants_work: bool) -> None:
+    def __init__(self, worker_id: str, *, wants_work: bool, session: tuple[uuid.UUID, int]) -> None:
         self.worker_id = worker_id
+        #: (session id, generation) the request is fenced by: kept alive while it waits
+        self.session = session
         self.wants_work = wants_work
         self.capabilities_sha256 = ""
         self.capabilities = ""
@@ -133,38 +144,79 @@ class WakeHub:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._main_task: asyncio.Task | None = None
         self.by_worker: dict[str, set[Waiter]] = {}
         #: capabilities digest → waiters wanting work, oldest first
         self.groups: dict[str, OrderedDict[Waiter, None]] = {}
         self._verdicts: dict[tuple[str, str], bool] = {}
         self.closing = False
+        #: Whether any request waited here since the last :meth:`release` (tests clean up after it).
+        self.used = False
         #: Set once wake-ups are heard (PostgreSQL: the LISTEN connection is open).
         self.listening = threading.Event()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is not None:
-                return
-            self.closing = False
+    def _start_locked(self) -> None:
+        if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="wake-hub", daemon=True)
             self._thread.start()
 
+    def _stop_if_idle(self) -> bool:
+        """End the hub's thread when no request waits (it starts again with the next waiter)."""
+        with self._lock:
+            if self.by_worker:
+                return False
+            self._thread = None
+            self.listening.clear()
+            return True
+
     def _run(self) -> None:
-        asyncio.run(self._main())
+        try:
+            asyncio.run(self._main())
+        except asyncio.CancelledError:
+            pass
+
+    def release(self) -> None:
+        """Stop the hub's thread now and close the database connections of the pool's threads
+        (tests end this way; a server process just exits). Waiting requests answer ``shutdown``."""
+        self.shutdown()
+        with self._lock:
+            thread, loop, main = self._thread, self._loop, self._main_task
+            self._thread = None
+        if thread is not None and loop is not None and main is not None:
+            loop.call_soon_threadsafe(main.cancel)
+            thread.join(10)
+        self.listening.clear()
+        self.closing = False
+        self.used = False
+        threads = EXECUTOR._max_workers
+        barrier = threading.Barrier(threads, timeout=5)
+
+        def close() -> None:
+            try:
+                barrier.wait()  # one task per thread: every pool thread closes its own connections
+            except threading.BrokenBarrierError:
+                pass
+            connections.close_all()
+
+        for future in [EXECUTOR.submit(close) for _ in range(threads)]:
+            future.result()
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._main_task = asyncio.current_task()
         if connection.vendor == "postgresql":
             listen = asyncio.create_task(self._listen())
         else:
             wakeups.subscribe(self.dispatch)
             self.listening.set()
             listen = None
+        keep_alive = asyncio.create_task(self._keep_alive())
         try:
             await self._recheck()
         finally:
+            keep_alive.cancel()
             if listen is not None:
                 listen.cancel()
             wakeups.unsubscribe(self.dispatch)
@@ -182,9 +234,10 @@ class WakeHub:
             return [waiter for waiters in self.by_worker.values() for waiter in waiters]
 
     def add(self, waiter: Waiter) -> None:
-        self._start()
         with self._lock:
             self.by_worker.setdefault(waiter.worker_id, set()).add(waiter)
+            self.used = True
+            self._start_locked()
         if self.closing:
             waiter.wake("shutdown")
 
@@ -271,12 +324,21 @@ class WakeHub:
             self._wake_group(capabilities_sha256)
 
     async def _recheck(self) -> None:
-        """The slow timer: wake waiters for classes that hold claimable work (missed wake-ups)."""
+        """The slow timer: wake waiters for classes that hold claimable work (missed wake-ups).
+        Returns (ending the hub's thread) once no request has waited for a whole interval."""
+        idle_since: float | None = None
         while True:
             await asyncio.sleep(protocol().claim_wait_recheck_seconds)
             with self._lock:
-                idle = not self.groups
-            if idle:
+                waiting, wanting = bool(self.by_worker), bool(self.groups)
+            if not waiting:
+                now = time.monotonic()
+                if idle_since is not None and now - idle_since >= IDLE_STOP_SECONDS and self._stop_if_idle():
+                    return
+                idle_since = idle_since or now
+                continue
+            idle_since = None
+            if not wanting:
                 continue
             try:
                 classes = await run_sync(lambda: claimable_placement_classes(now=db_now()))
@@ -285,6 +347,18 @@ class WakeHub:
                 continue
             for placement_sha256 in classes:
                 self.work_ready(placement_sha256)
+
+    async def _keep_alive(self) -> None:
+        """Every half heartbeat interval, keep the sessions of the held waits alive (one statement)."""
+        while True:
+            await asyncio.sleep(protocol().heartbeat_interval_seconds / 2)
+            sessions = sorted({waiter.session for waiter in self._all()})
+            if not sessions:
+                continue
+            try:
+                await run_sync(sessions_keep_alive, sessions=sessions)
+            except Exception:
+                log.exception("waiting claims: keeping the waiting sessions alive failed")
 
     async def _listen(self) -> None:
         """PostgreSQL: hold one LISTEN connection and dispatch its notifications until cancelled."""

@@ -40,15 +40,8 @@ class ProtocolSettings:
 
 def claim_wait_bound(requested: float) -> float:
     """The seconds a waiting claim may wait (docs/leases.md, "Waiting claims"): what the worker
-    asked for, at most ``CLAIM_WAIT_MAX_SECONDS`` and at most the session lease less one heartbeat
-    interval — the wait keeps the session alive (``session_keep_alive`` at its start), so it must
-    answer, and the worker ask again, while the lease still has a heartbeat interval left."""
-    settings_ = protocol()
-    ceiling = min(
-        settings_.claim_wait_max_seconds,
-        settings_.session_lease_seconds - settings_.heartbeat_interval_seconds,
-    )
-    return max(0.0, min(float(requested), ceiling))
+    asked for, at most ``CLAIM_WAIT_MAX_SECONDS``."""
+    return max(0.0, min(float(requested), protocol().claim_wait_max_seconds))
 
 
 def protocol() -> ProtocolSettings:

@@ -42,7 +42,7 @@ class WaitingHandler(ASGIHandler):
         self._view_middleware: list = []
         self._template_response_middleware: list = []
         self._exception_middleware: list = []
-        handler = convert_exception_to_response(self._get_response_async)
+        handler = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
         self._middleware_chain = convert_exception_to_response(ObservabilityMiddleware(handler))
 
     async def __call__(self, scope, receive, send):

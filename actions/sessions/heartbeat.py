@@ -4,12 +4,11 @@ cost)."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from core.conf import protocol
 from core.db import db_now, write_path
 from core.errors import DomainError
 from leases.selectors import cancel_requested_attempt_ids
@@ -157,21 +156,17 @@ def _heartbeat_write(
     return SessionView(session=session, server_time=now)
 
 
-def session_keep_alive(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, hold_seconds: float
-) -> SessionView:
-    """A waiting claim's liveness: keep the session lease for ``hold_seconds`` more (docs/sessions.md,
-    "Waiting claims keep the session alive").
+def session_keep_alive(*, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int) -> SessionView:
+    """A waiting claim's heartbeat (docs/sessions.md, "Waiting claims keep the session alive").
 
-    ``hold_seconds``: how long the caller will wait before it answers (the wait bound; 0 at the
-    end of a wait). The lease is extended to DB now + TTL only when less than ``hold_seconds``
-    plus one heartbeat interval of it is left; otherwise this is a pure read like an unchanged
-    heartbeat. The version never changes (no slots are reported), so a keep-alive never
-    conflicts with a heartbeat or an operator's drain. Fenced by session and generation like a
-    claim. Returns the session as a heartbeat answers it (cancellations, rotation).
+    Fenced by session and generation like a claim (``Purpose.LEASE``: a draining session passes).
+    The heartbeat's write rule without the slots: the lease is extended to DB now + TTL once it
+    has used more than half its TTL, else this is a pure read; the version never changes, so a
+    keep-alive never conflicts with a heartbeat or an operator's drain. While the claim waits,
+    :func:`sessions_keep_alive` keeps the lease. Returns the session as a heartbeat answers it
+    (cancellations, rotation).
 
-    Raises: every ``fence_session`` code (``Purpose.LEASE``: a draining session passes),
-    ``storage_busy``, ``lock_timeout``.
+    Raises: every ``fence_session`` code, ``storage_busy``, ``lock_timeout``.
     """
     session = (
         WorkerSession.objects.select_related("worker")
@@ -192,8 +187,7 @@ def session_keep_alive(
         session.worker, session, generation=generation, expected_version=None, now=now, purpose=Purpose.LEASE
     )
     view = SessionView(session=session, server_time=now)
-    needed = timedelta(seconds=hold_seconds + protocol().heartbeat_interval_seconds)
-    if session.lease_expires_at - now < needed:
+    if _lease_needs_extension(session, now):
         view = _keep_alive_write(worker_id=worker_id, session_id=session_id, generation=generation)
     return SessionView(
         session=view.session,
@@ -221,3 +215,27 @@ def _keep_alive_write(*, worker_id: uuid.UUID, session_id: uuid.UUID, generation
         raise DomainError("session_expired", "the session lease lapsed", field="sessionId")
     session.refresh_from_db()
     return SessionView(session=session, server_time=now)
+
+
+@write_path
+def sessions_keep_alive(*, sessions: list[tuple[uuid.UUID, int]]) -> int:
+    """Keep the sessions of held waiting claims alive: one statement for all of them.
+
+    ``sessions``: (session id, generation) of each waiting claim a server process holds (its
+    worker is connected and waiting). Every session still live (online or draining), of that
+    generation and not yet lapsed is extended to DB now + TTL once less than half its TTL is left;
+    an ended, replaced or lapsed one is never touched (the ``UPDATE … WHERE`` is the fence), nor
+    its version. Called every half heartbeat interval by ``api.waiting``. Returns rows extended.
+    """
+    if not sessions:
+        return 0
+    now = db_now()
+    fence = Q()
+    for session_id, generation in sessions:
+        fence |= Q(pk=session_id, generation=generation)
+    return WorkerSession.objects.filter(
+        fence,
+        state__in=LIVE_SESSION_STATES,
+        lease_expires_at__gt=now,
+        lease_expires_at__lt=now + session_lease_ttl() / 2,
+    ).update(lease_expires_at=now + session_lease_ttl())

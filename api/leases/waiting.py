@@ -7,9 +7,10 @@ used once, for the whole wait), the per-worker rate limit (429), strict JSON (40
 binding (403), the body fields (400) — and its refusals are the API's JSON errors. Then the wait,
 on the event loop (docs/leases.md, "Waiting claims"):
 
-1. keep the session alive for the wait (``session_keep_alive``: the wait doubles as a heartbeat)
-   and claim (``lease_claim``, the one synchronous claim service: fence and capacity are checked
-   at the moment of claiming, every time);
+1. keep the session alive (``session_keep_alive`` now, then the hub's ``sessions_keep_alive``
+   while the claim waits: a held wait is the worker's heartbeat) and claim (``lease_claim``, the
+   one synchronous claim service: fence and capacity are checked at the moment of claiming,
+   every time);
 2. answer at once if offers were claimed or a watched attempt's cancellation was requested;
 3. otherwise sleep on the process's hub (``api.waiting``) until a wake-up, then claim again;
 4. answer when the bound passes (``ended: timeout``), on shutdown, or with the refusal of any
@@ -87,11 +88,11 @@ class _Round:
     session: SessionView | None = None
 
 
-def _round(fence: dict, offers: list[OfferRequest], watch: set[str], hold: float | None) -> _Round:
-    """One claim round in a pool thread: keep-alive (when ``hold`` is given), claim, cancellations.
+def _round(fence: dict, offers: list[OfferRequest], watch: set[str], first: bool) -> _Round:
+    """One claim round in a pool thread: keep-alive (the ``first``), claim, cancellations.
 
     Raises DomainError for any refusal but ``capacity_exhausted`` (a full session waits)."""
-    view = session_keep_alive(**fence, hold_seconds=hold) if hold is not None else None
+    view = session_keep_alive(**fence) if first else None
     claimed: list[Offer] = []
     if offers:
         try:
@@ -107,7 +108,7 @@ def _round(fence: dict, offers: list[OfferRequest], watch: set[str], hold: float
 
 
 def _final_session(fence: dict) -> SessionView:
-    return session_keep_alive(**fence, hold_seconds=0)
+    return session_keep_alive(**fence)
 
 
 def _answer(result: _Round, session: SessionView, bound: float, ended: str) -> JsonResponse:
@@ -155,12 +156,14 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
     bound = claim_wait_bound(data["waitSeconds"])
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound
-    waiter = Waiter(str(principal.worker_id), wants_work=bool(offers))
+    waiter = Waiter(
+        str(principal.worker_id), wants_work=bool(offers), session=(data["sessionId"], data["generation"])
+    )
     HUB.add(waiter)  # before the first round: a wake-up committed during it is not lost
     WAITING_CLAIMS.inc()
     try:
         try:
-            result = await run_sync(_round, fence, offers, watch, bound)
+            result = await run_sync(_round, fence, offers, watch, True)
         except DomainError as exc:
             return _refusal(exc)
         assert result.session is not None
@@ -175,7 +178,7 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
                 ended = reason
                 break
             try:
-                result = await run_sync(_round, fence, offers, watch, None)
+                result = await run_sync(_round, fence, offers, watch, False)
             except DomainError as exc:
                 return _refusal(exc)
             if result.offers:
@@ -184,12 +187,13 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
                     HUB.pass_on(waiter)  # it took all it asked for: more may be waiting
             elif result.cancels:
                 ended = "cancel"
-        try:
-            session = await run_sync(_final_session, fence)
-        except DomainError as exc:
-            if not result.offers:
-                return _refusal(exc)
-            # Offers were claimed: answer them; the next call meets the refusal.
+        if ended != "shutdown":  # shutting down: no new database work, the first round's view will do
+            try:
+                session = await run_sync(_final_session, fence)
+            except DomainError as exc:
+                if not result.offers:
+                    return _refusal(exc)
+                # Offers were claimed: answer them; the next call meets the refusal.
         return _answer(result, session, bound, ended)
     finally:
         HUB.remove(waiter)
