@@ -31,6 +31,8 @@ request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id
 
 #: URL names of the worker API → the call label of ``qinglong_worker_calls_total``.
 _WORKER_CALL_PREFIXES = ("worker-session-", "worker-lease-", "worker-")
+#: A waiting claim is a claim (offered or empty); ``qinglong_waiting_claims`` counts those held.
+_CALL_ALIASES = {"claim-wait": "claim"}
 
 
 class RequestIdFilter(logging.Filter):
@@ -124,6 +126,7 @@ class ObservabilityMiddleware:
             call = url_name
             for prefix in _WORKER_CALL_PREFIXES:
                 call = call.removeprefix(prefix)
+            call = _CALL_ALIASES.get(call, call)
             WORKER_CALLS.labels(call=call, outcome=_worker_outcome(response, call)).inc()
         worker, user = _principal(request)
         access_log.info(

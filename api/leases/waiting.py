@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 
 from actions.leases.claims import OfferRequest, lease_claim
@@ -52,10 +53,20 @@ _CHECKED = "qinglong_claim_wait"
 
 
 class ClaimWaitCheck(WorkerAPIView):
-    """Everything before the wait, as on every worker endpoint (see the module docstring)."""
+    """The waiting claim's checks, as on every worker endpoint (see the module docstring); it is
+    also what the route names as its view class (``claim_wait.cls``: the body limit, OpenAPI)."""
 
     max_json_depth = 3
 
+    @extend_schema(
+        request=s.ClaimWaitSerializer,
+        responses={200: s.ClaimWaitOutSerializer},
+        description=(
+            "Claim now or wait up to waitSeconds (bounded by the server, which answers the bound it "
+            "chose) for work, a cancellation of a watched attempt or a change of the session; see "
+            "docs/leases.md, Waiting claims. Served by an async view."
+        ),
+    )
     def post(self, request):
         data = validated(s.ClaimWaitSerializer, request)
         setattr(request._request, _CHECKED, (self.principal, data))
@@ -89,8 +100,10 @@ class _Round:
 
 
 def _round(fence: dict, offers: list[OfferRequest], watch: set[str], first: bool) -> _Round:
-    """One claim round in a pool thread: keep-alive (the ``first``), claim, cancellations.
+    """One claim round in a pool thread (one hop: the claim and what its answer needs).
 
+    The ``first`` round keeps the session alive before claiming; a round that ends the wait
+    (offers claimed, a watched cancellation) reads the session for the answer after claiming.
     Raises DomainError for any refusal but ``capacity_exhausted`` (a full session waits)."""
     view = session_keep_alive(**fence) if first else None
     claimed: list[Offer] = []
@@ -100,11 +113,14 @@ def _round(fence: dict, offers: list[OfferRequest], watch: set[str], first: bool
         except DomainError as exc:
             if exc.code != "capacity_exhausted":
                 raise
-    if view is not None:
+    if view is not None and not claimed:
         requested = {str(attempt) for attempt in view.cancel_requested}
     else:
         requested = {str(attempt) for attempt in cancel_requested_attempt_ids(fence["session_id"])}
-    return _Round(claimed, sorted(requested & watch), view)
+    cancels = sorted(requested & watch)
+    if (claimed or cancels) and not first:
+        view = session_keep_alive(**fence)
+    return _Round(claimed, cancels, view)
 
 
 def _final_session(fence: dict) -> SessionView:
@@ -187,14 +203,24 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
                     HUB.pass_on(waiter)  # it took all it asked for: more may be waiting
             elif result.cancels:
                 ended = "cancel"
-        if ended != "shutdown":  # shutting down: no new database work, the first round's view will do
+        if ended in ("offers", "cancel"):
+            assert result.session is not None  # the round that ended the wait read it
+            session = result.session
+        elif ended == "timeout":
             try:
                 session = await run_sync(_final_session, fence)
             except DomainError as exc:
-                if not result.offers:
-                    return _refusal(exc)
-                # Offers were claimed: answer them; the next call meets the refusal.
+                return _refusal(exc)
+            result = _Round([], [])
+        else:  # shutting down: no new database work, the first round's view will do
+            result = _Round([], [])
         return _answer(result, session, bound, ended)
     finally:
         HUB.remove(waiter)
         WAITING_CLAIMS.dec()
+
+
+# The route's view class, for what reads it: BodyLimitMiddleware (the main handler), the route
+# checks and drf-spectacular's schema (docs/openapi.yaml).
+claim_wait.cls = ClaimWaitCheck  # type: ignore[attr-defined]
+claim_wait.initkwargs = {}  # type: ignore[attr-defined]
