@@ -15,7 +15,8 @@ work may be waiting. A ``w:<worker>`` wake-up wakes every waiter of that worker 
 capacity or cancellations changed). Missed wake-ups are harmless: every
 ``CLAIM_WAIT_RECHECK_SECONDS`` the hub probes the queue for classes with claimable work (one
 index scan per process, not one per waiter) and wakes waiters for them as if notified; and every
-wait claims at its start. ``shutdown()`` ends every wait at once.
+wait claims at its start. ``shutdown()`` ends every wait at once — called when ``manage.py
+serve`` is stopping (its stop file appears), since Granian waits for open requests to end.
 
 A held wait is its worker's heartbeat: every half heartbeat interval the hub extends the session
 leases of all its waiters in one statement (``sessions_keep_alive``), so an idle worker sends
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import uuid
@@ -46,7 +48,7 @@ from django.db import close_old_connections, connection, connections
 
 from actions.sessions.heartbeat import sessions_keep_alive
 from core import wakeups
-from core.conf import protocol
+from core.conf import SERVE_STOP_FILE_VARIABLE, protocol
 from core.db import db_now
 from placement.selectors import claimable_placement_classes, placement_admits
 
@@ -58,6 +60,9 @@ T = TypeVar("T")
 EXECUTOR = ThreadPoolExecutor(
     max_workers=max(1, int(settings.QINGLONG_SERVER["MAX_ACTIVE_REQUESTS"])), thread_name_prefix="waiting"
 )
+
+#: How often the hub looks for that file, seconds.
+STOP_POLL_SECONDS = 0.2
 
 #: Seconds without any waiting request after which the hub's thread ends (restarted on demand).
 IDLE_STOP_SECONDS = 10.0
@@ -213,10 +218,12 @@ class WakeHub:
             self.listening.set()
             listen = None
         keep_alive = asyncio.create_task(self._keep_alive())
+        stopping = asyncio.create_task(self._watch_stop())
         try:
             await self._recheck()
         finally:
             keep_alive.cancel()
+            stopping.cancel()
             if listen is not None:
                 listen.cancel()
             wakeups.unsubscribe(self.dispatch)
@@ -347,6 +354,16 @@ class WakeHub:
                 continue
             for placement_sha256 in classes:
                 self.work_ready(placement_sha256)
+
+    async def _watch_stop(self) -> None:
+        """``manage.py serve`` is stopping (its stop file appeared): end every wait now, so that
+        Granian, which waits for open requests, can stop at once."""
+        path = os.environ.get(SERVE_STOP_FILE_VARIABLE)
+        if not path:
+            return
+        while not os.path.exists(path):
+            await asyncio.sleep(STOP_POLL_SECONDS)
+        self.shutdown()
 
     async def _keep_alive(self) -> None:
         """Every half heartbeat interval, keep the sessions of the held waits alive (one statement)."""

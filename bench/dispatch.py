@@ -364,7 +364,7 @@ async def signed_post(worker: SimWorker, port: int, path: str, body: dict) -> tu
     return int(status_line.split()[1]), json.loads(payload)
 
 
-async def fleet(server: Server, count: int, seconds: float) -> dict[str, float]:
+def enroll_fleet(count: int) -> list[SimWorker]:
     say(f"enrolling {count} simulated workers")
     workers = []
     for index in range(count):
@@ -373,6 +373,11 @@ async def fleet(server: Server, count: int, seconds: float) -> dict[str, float]:
         token = enrollment_token_create(worker_id=worker.pk).token
         credential = worker_enroll(token=token, public_key=public_key_text(key.public_key()))
         workers.append(SimWorker(credential.pk, key))
+    return workers
+
+
+async def fleet(server: Server, workers: list[SimWorker], seconds: float) -> dict[str, float]:
+    count = len(workers)
     say(f"registering {count} sessions")
     limit = asyncio.Semaphore(50)
 
@@ -442,9 +447,6 @@ async def fleet(server: Server, count: int, seconds: float) -> dict[str, float]:
     await asyncio.gather(sample(), *(hold(w) for w in workers))
     wall = time.monotonic() - started
     cpu = sum(p.cpu_times().user + p.cpu_times().system for p in server.tree()) - cpu_before
-    online = WorkerSession.objects.filter(
-        pk__in=[w.session_id for w in workers], state=SessionState.ONLINE
-    ).count()
     for worker in workers:
         if worker.writer is not None:
             worker.writer.close()
@@ -454,7 +456,6 @@ async def fleet(server: Server, count: int, seconds: float) -> dict[str, float]:
         "requests_per_worker_per_min": stats["requests"] / count / (seconds / 60),
         "rss_mib": rss_peak / 2**20,
         "cpu_percent": cpu / wall * 100,
-        "online_at_end": online,
     }
 
 
@@ -486,7 +487,11 @@ def main() -> int:
         print(f"({ARGS.runs} runs and {ARGS.cancels} cancels each, idle window {ARGS.idle_seconds:g} s)")
         if ARGS.fleet:
             say(f"idle fleet: {ARGS.fleet} simulated workers, waiting claims for {ARGS.fleet_seconds:g} s")
-            figures = asyncio.run(fleet(server, ARGS.fleet, ARGS.fleet_seconds))
+            workers = enroll_fleet(ARGS.fleet)
+            figures = asyncio.run(fleet(server, workers, ARGS.fleet_seconds))
+            figures["sessions_online_at_end"] = WorkerSession.objects.filter(
+                pk__in=[w.session_id for w in workers], state=SessionState.ONLINE
+            ).count()
             for key, value in figures.items():
                 print(f"fleet {key}: {value:.2f}" if isinstance(value, float) else f"fleet {key}: {value}")
         print(

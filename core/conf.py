@@ -9,6 +9,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+#: The environment variable naming the file whose appearance tells a server process that
+#: ``manage.py serve`` is stopping (``api.waiting`` then ends its waiting claims at once).
+SERVE_STOP_FILE_VARIABLE = "QINGLONG_SERVE_STOP_FILE"
+
 
 @dataclass(frozen=True)
 class ProtocolSettings:

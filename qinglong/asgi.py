@@ -25,7 +25,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qinglong.settings")
 django_application = get_asgi_application()  # sets Django up: the app modules import after it
 
 from api.observability import ObservabilityMiddleware  # noqa: E402 - needs the app registry
-from api.waiting import HUB  # noqa: E402 - needs the app registry
 
 #: Paths served by ``WaitingHandler``: they hold no request slot while they wait.
 WAITING_PATHS = frozenset({wire.CLAIM_WAIT})
@@ -54,7 +53,6 @@ application = RequestGuard(
     django_application,
     waiting_app=waiting_application,
     waiting_paths=WAITING_PATHS,
-    on_shutdown=HUB.shutdown,
     max_headers=settings.QINGLONG_SERVER["MAX_HEADERS"],
     max_body_bytes=settings.QINGLONG_SERVER["MAX_BODY_BYTES"],
     body_timeout_seconds=settings.QINGLONG_SERVER["BODY_TIMEOUT_SECONDS"],

@@ -14,8 +14,7 @@
   per process; the others wait here, with their bodies already read, holding no thread.
   Waiting requests (``waiting_paths``, the waiting claim) take no slot: they go to
   ``waiting_app``, which waits on the event loop and runs its synchronous work in a pool of as
-  many threads (``api.waiting``);
-* lifespan: at ``lifespan.shutdown`` ``on_shutdown`` is called (it ends every waiting request).
+  many threads (``api.waiting``).
 
 The body is read here in full (it is small: the cap above) and replayed to Django, so a slow
 client holds a coroutine and a socket, never a thread or a database connection.
@@ -59,7 +58,6 @@ class RequestGuard:
         *,
         waiting_app: ASGIApp | None = None,
         waiting_paths: frozenset[str] = frozenset(),
-        on_shutdown: Callable[[], None] | None = None,
         max_headers: int,
         max_body_bytes: int,
         body_timeout_seconds: float,
@@ -68,7 +66,6 @@ class RequestGuard:
         self.app = app
         self.waiting_app = waiting_app
         self.waiting_paths = waiting_paths
-        self.on_shutdown = on_shutdown
         self.max_headers = max_headers
         self.max_body_bytes = max_body_bytes
         self.body_timeout_seconds = body_timeout_seconds
@@ -76,9 +73,6 @@ class RequestGuard:
         self._slots: asyncio.Semaphore | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -99,18 +93,6 @@ class RequestGuard:
             self._slots = asyncio.Semaphore(self.max_active)
         async with self._slots:
             await self.app(scope, replay, send)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        """ASGI lifespan: nothing to start; at shutdown end the waiting requests first."""
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                if self.on_shutdown is not None:
-                    self.on_shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     def _check_head(self, scope: Scope) -> None:
         headers = scope["headers"]

@@ -11,6 +11,8 @@ two replicas).
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -21,7 +23,8 @@ from django.db import connection
 from actions.enrollment import enrollment_token_create, worker_create
 from leases.models import RunDispatchLease
 from tests.agent.processes import Agent, ControlPlane, wait_for
-from tests.helpers import make_revision, operator_headers
+from tests.helpers import enrolled_worker, make_revision, operator_headers, register
+from tests.leases.test_waiting_claims import wait_request
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -112,3 +115,25 @@ def test_a_run_enqueued_through_one_replica_wakes_an_agent_waiting_on_the_other(
         agent.kill()
         replica_a.stop()
         replica_b.stop()
+
+
+def test_a_server_shutting_down_ends_its_waiting_claims_at_once(tmp_path):
+    server = ControlPlane(tmp_path, **SERVER_SETTINGS)
+    server.start()
+    session = register(enrolled_worker())
+    answers: list[tuple[int, dict]] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(wait_request(server.url, session, wait=45)), daemon=True
+    )
+    try:
+        waiting.start()
+        wait_for(lambda: waiting_claims(server) >= 1, timeout=60, what="the waiting claim")
+        asked = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        waiting.join(PUSH_DEADLINE_SECONDS)
+        assert answers, f"no answer {time.monotonic() - asked:.1f} s after SIGTERM: {server.log()}"
+        status, body = answers[0]
+        assert status == 200 and body["ended"] == "shutdown", body
+        assert server.process.wait(30) == 0
+    finally:
+        server.stop()

@@ -123,7 +123,8 @@ def test_wake_ups_are_sent_on_commit_for_enqueue_cancel_and_a_drain():
 # --- a waiting claim over HTTP racing a fence ---------------------------------------------------
 
 
-def _wait_request(server_url: str, session, *, wait: float, offers: int = 1) -> tuple[int, dict]:
+def wait_request(server_url: str, session, *, wait: float, offers: int = 1) -> tuple[int, dict]:
+    """One signed waiting claim of ``session`` to ``server_url``: (status, answer)."""
     tickets = [OfferTicket() for _ in range(offers)]
     body = {
         **session.fence(),
@@ -176,7 +177,7 @@ def test_a_waiting_claim_racing_a_fence_ends_fenced_and_claims_nothing(live_serv
     revision = make_revision()
     answers: list[tuple[int, dict]] = []
     waiting = threading.Thread(
-        target=lambda: answers.append(_wait_request(live_server.url, session, wait=20)), daemon=True
+        target=lambda: answers.append(wait_request(live_server.url, session, wait=20)), daemon=True
     )
     waiting.start()
     wait_for(lambda: HUB.count >= 1, 20, "the waiting claim to wait")
@@ -207,7 +208,7 @@ def test_a_waiting_claim_answers_work_enqueued_while_it_waits_and_keeps_its_nonc
     session = register(enrolled_worker())
     answers: list[tuple[int, dict]] = []
     waiting = threading.Thread(
-        target=lambda: answers.append(_wait_request(live_server.url, session, wait=20)), daemon=True
+        target=lambda: answers.append(wait_request(live_server.url, session, wait=20)), daemon=True
     )
     waiting.start()
     wait_for(lambda: HUB.count >= 1, 20, "the waiting claim to wait")
@@ -228,7 +229,7 @@ def test_a_waiting_claim_with_nothing_to_do_answers_at_its_bound(live_server, pr
     protocol_settings(CLAIM_WAIT_MAX_SECONDS=1.5)
     session = register(enrolled_worker())
     started = time.monotonic()
-    status, body = _wait_request(live_server.url, session, wait=30)
+    status, body = wait_request(live_server.url, session, wait=30)
     elapsed = time.monotonic() - started
     assert status == 200, body
     assert body["ended"] == "timeout" and body["offers"] == []
