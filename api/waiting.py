@@ -155,6 +155,8 @@ class WakeHub:
         self.groups: dict[str, OrderedDict[Waiter, None]] = {}
         self._verdicts: dict[tuple[str, str], bool] = {}
         self.closing = False
+        #: Counts ``c:`` wake-ups: a waiter not yet in its group when one came looks again at once.
+        self.work_seq = 0
         #: Whether any request waited here since the last :meth:`release` (tests clean up after it).
         self.used = False
         #: Set once wake-ups are heard (PostgreSQL: the LISTEN connection is open).
@@ -291,6 +293,7 @@ class WakeHub:
     def work_ready(self, placement_sha256: str) -> None:
         """Wake one waiter of every capabilities group this placement class admits; any thread."""
         with self._lock:
+            self.work_seq += 1
             groups = list(self.groups)
         for capabilities_sha256 in groups:
             verdict = self._verdicts.get((capabilities_sha256, placement_sha256))

@@ -423,13 +423,17 @@ async def fleet(server: Server, workers: list[SimWorker], seconds: float) -> dic
                 status, answer = await asyncio.wait_for(
                     signed_post(worker, server.port, wire.CLAIM_WAIT, body), timeout=60
                 )
-            except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                 stats["late"] += 1
+                name = f"no_answer_{type(exc).__name__}"
+                stats[name] = stats.get(name, 0) + 1
                 worker.writer = None
                 continue
             took = time.monotonic() - sent
             if status != 200:
                 stats["refused"] += 1
+                code = f"refused_{status}_{answer.get('code')}"
+                stats[code] = stats.get(code, 0) + 1
                 await asyncio.sleep(1)
                 continue
             stats["answered"] += 1

@@ -7,10 +7,10 @@ used once, for the whole wait), the per-worker rate limit (429), strict JSON (40
 binding (403), the body fields (400) — and its refusals are the API's JSON errors. Then the wait,
 on the event loop (docs/leases.md, "Waiting claims"):
 
-1. keep the session alive (``session_keep_alive`` now, then the hub's ``sessions_keep_alive``
-   while the claim waits: a held wait is the worker's heartbeat) and claim (``lease_claim``, the
-   one synchronous claim service: fence and capacity are checked at the moment of claiming,
-   every time);
+1. read the session fenced and keep it alive (``session_keep_alive``; while the claim waits the
+   hub's ``sessions_keep_alive``: a held wait is the worker's heartbeat), refuse a draining one,
+   and claim if any attempt is claimable (``lease_claim``, the one synchronous claim service:
+   fence and capacity are checked at the moment of claiming, every time);
 2. answer at once if offers were claimed or a watched attempt's cancellation was requested;
 3. otherwise sleep on the process's hub (``api.waiting``) until a wake-up, then claim again;
 4. answer when the bound passes (``ended: timeout``), on shutdown, or with the refusal of any
@@ -24,6 +24,7 @@ end a wait (the lease that frees capacity wakes it).
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -38,11 +39,13 @@ from api.exceptions import exception_handler
 from api.middleware import BodyLimitMiddleware
 from api.waiting import HUB, Waiter, run_sync
 from api.workers.serializers import session_out
-from core.conf import claim_wait_bound
+from core.conf import claim_wait_bound, protocol
 from core.errors import DomainError
 from core.metrics import WAITING_CLAIMS
 from leases.offers import Offer
 from leases.selectors import cancel_requested_attempt_ids
+from placement.selectors import claimable_placement_classes
+from workers.models import SessionState
 from workers.principals import WorkerPrincipal
 from workers.sessions import SessionView
 
@@ -99,28 +102,33 @@ class _Round:
     session: SessionView | None = None
 
 
-def _round(fence: dict, offers: list[OfferRequest], watch: set[str], first: bool) -> _Round:
-    """One claim round in a pool thread (one hop: the claim and what its answer needs).
+def _round(fence: dict, offers: list[OfferRequest], watch: set[str]) -> _Round:
+    """One round in a pool thread (one hop): the session, then the claim if there is work.
 
-    The ``first`` round keeps the session alive before claiming; a round that ends the wait
-    (offers claimed, a watched cancellation) reads the session for the answer after claiming.
+    The session is read fenced and kept alive (``session_keep_alive``: a replaced, expired,
+    offline session or a revoked worker is refused here), a draining one is refused like the claim
+    service refuses it (``session_draining``), and ``lease_claim`` — which fences again under the
+    worker lock and checks capacity as it claims — runs only when some attempt is claimable at
+    all (``claimable_placement_classes``, an index probe), so an idle wait writes nothing.
     Raises DomainError for any refusal but ``capacity_exhausted`` (a full session waits)."""
-    view = session_keep_alive(**fence) if first else None
+    view = session_keep_alive(**fence)
     claimed: list[Offer] = []
     if offers:
-        try:
-            claimed = lease_claim(**fence, offers=offers)
-        except DomainError as exc:
-            if exc.code != "capacity_exhausted":
-                raise
-    if view is not None and not claimed:
-        requested = {str(attempt) for attempt in view.cancel_requested}
-    else:
+        if view.session.state == SessionState.DRAINING:
+            raise DomainError(
+                "session_draining", "the session is draining and takes no new runs", field="sessionId"
+            )
+        if claimable_placement_classes(now=view.server_time):
+            try:
+                claimed = lease_claim(**fence, offers=offers)
+            except DomainError as exc:
+                if exc.code != "capacity_exhausted":
+                    raise
+    if claimed:
         requested = {str(attempt) for attempt in cancel_requested_attempt_ids(fence["session_id"])}
-    cancels = sorted(requested & watch)
-    if (claimed or cancels) and not first:
-        view = session_keep_alive(**fence)
-    return _Round(claimed, cancels, view)
+    else:
+        requested = {str(attempt) for attempt in view.cancel_requested}
+    return _Round(claimed, sorted(requested & watch), view)
 
 
 def _final_session(fence: dict) -> SessionView:
@@ -169,7 +177,10 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
     }
     offers = [OfferRequest(o["offerId"], o["leaseToken"]) for o in data["offers"]]
     watch = {str(attempt) for attempt in data["watch"]}
-    bound = claim_wait_bound(data["waitSeconds"])
+    # Jittered like heartbeats, so that a fleet's waits that began together end spread out.
+    bound = round(
+        claim_wait_bound(data["waitSeconds"]) * (1 - random.uniform(0, protocol().heartbeat_jitter_ratio)), 3
+    )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound
     waiter = Waiter(
@@ -178,8 +189,9 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
     HUB.add(waiter)  # before the first round: a wake-up committed during it is not lost
     WAITING_CLAIMS.inc()
     try:
+        seen = HUB.work_seq
         try:
-            result = await run_sync(_round, fence, offers, watch, True)
+            result = await run_sync(_round, fence, offers, watch)
         except DomainError as exc:
             return _refusal(exc)
         assert result.session is not None
@@ -187,6 +199,8 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
         if offers:
             session_row = session.session
             HUB.want_work(waiter, session_row.capabilities_sha256, session_row.capabilities)
+            if HUB.work_seq != seen:  # work came while the first round ran, before it had a group
+                waiter.wake("work")
         ended = "offers" if result.offers else "cancel" if result.cancels else ""
         while not ended:
             reason = await waiter.sleep(deadline - loop.time())
@@ -194,7 +208,7 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
                 ended = reason
                 break
             try:
-                result = await run_sync(_round, fence, offers, watch, False)
+                result = await run_sync(_round, fence, offers, watch)
             except DomainError as exc:
                 return _refusal(exc)
             if result.offers:

@@ -219,7 +219,7 @@ def test_a_waiting_claim_answers_work_enqueued_while_it_waits_and_keeps_its_nonc
     status, body = answers[0]
     assert status == 200, body
     assert body["ended"] == "offers" and len(body["offers"]) == 1
-    assert body["waitSeconds"] == 20
+    assert 18 <= body["waitSeconds"] <= 20  # the bound asked for, less its jitter (≤ 10 %)
     assert body["session"]["sessionId"] == str(session.session_id)
     assert elapsed < 10  # the wake-up, not the 20 s bound and not the slow re-check
 
@@ -233,5 +233,5 @@ def test_a_waiting_claim_with_nothing_to_do_answers_at_its_bound(live_server, pr
     elapsed = time.monotonic() - started
     assert status == 200, body
     assert body["ended"] == "timeout" and body["offers"] == []
-    assert body["waitSeconds"] == 1.5  # the server's bound, told to the worker
-    assert 1.4 <= elapsed < 15
+    assert 1.35 <= body["waitSeconds"] <= 1.5  # the server's bound (less its jitter), told to the worker
+    assert body["waitSeconds"] - 0.1 <= elapsed < 15
