@@ -19,7 +19,7 @@ wait claims at its start. ``shutdown()`` ends every wait at once — called when
 serve`` is stopping (its stop file appears), since Granian waits for open requests to end.
 
 A held wait is its worker's heartbeat: every half heartbeat interval the hub extends the session
-leases of all its waiters in one statement (``sessions_keep_alive``), so an idle worker sends
+leases of all its waiters, a statement per 500 (``sessions_keep_alive``), so an idle worker sends
 only its waits (docs/sessions.md, "Waiting claims keep the session alive").
 
 The hub's own work (the LISTEN connection, the slow re-check) runs on one event loop in one
@@ -369,7 +369,7 @@ class WakeHub:
         self.shutdown()
 
     async def _keep_alive(self) -> None:
-        """Every half heartbeat interval, keep the sessions of the held waits alive (one statement)."""
+        """Every half heartbeat interval, keep the sessions of the held waits alive."""
         while True:
             await asyncio.sleep(protocol().heartbeat_interval_seconds / 2)
             sessions = sorted({waiter.session for waiter in self._all()})

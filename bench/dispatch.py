@@ -377,38 +377,46 @@ def enroll_fleet(count: int) -> list[SimWorker]:
 
 
 async def fleet(server: Server, workers: list[SimWorker], seconds: float) -> dict[str, float]:
+    """Each simulated worker registers (at a random moment of the first 10 s, as a fleet comes
+    up), then holds waiting claims back to back until ``seconds`` have passed; no heartbeats."""
     count = len(workers)
-    say(f"registering {count} sessions")
-    limit = asyncio.Semaphore(50)
-
-    async def register(worker: SimWorker) -> None:
-        async with limit:
-            status, answer = await signed_post(
-                worker,
-                server.port,
-                wire.SESSION_REGISTER,
-                {
-                    "sessionId": str(uuid7()),
-                    "capabilities": SNAPSHOT,
-                    "maxConcurrentRuns": 1,
-                    "availableSlots": 1,
-                    "softwareVersion": "bench/1",
-                    "protocolVersion": 1,
-                },
-            )
-            assert status in (200, 201), answer
-            worker.session_id, worker.generation = answer["sessionId"], answer["generation"]
-
-    await asyncio.gather(*(register(w) for w in workers))
-    stats = {"requests": 0, "refused": 0, "late": 0, "answered": 0, "worst_over_bound_s": 0.0}
-    end = time.monotonic() + seconds
-    tree = server.tree()
-    cpu_before = sum(p.cpu_times().user + p.cpu_times().system for p in tree)
+    stats: dict[str, float] = {
+        "requests": 0,
+        "refused": 0,
+        "late": 0,
+        "answered": 0,
+        "worst_over_bound_s": 0.0,
+    }
+    active_seconds = 0.0
     started = time.monotonic()
+    end = started + seconds
+    cpu_before = sum(p.cpu_times().user + p.cpu_times().system for p in server.tree())
     rss_peak = 0
 
-    async def hold(worker: SimWorker) -> None:
-        await asyncio.sleep(random.uniform(0, 5))  # connections arrive over 5 s, as a fleet does
+    def count_as(name: str) -> None:
+        stats[name] = stats.get(name, 0) + 1
+
+    async def life(worker: SimWorker) -> None:
+        nonlocal active_seconds
+        await asyncio.sleep(random.uniform(0, 10))
+        status, answer = await signed_post(
+            worker,
+            server.port,
+            wire.SESSION_REGISTER,
+            {
+                "sessionId": str(uuid7()),
+                "capabilities": SNAPSHOT,
+                "maxConcurrentRuns": 1,
+                "availableSlots": 1,
+                "softwareVersion": "bench/1",
+                "protocolVersion": 1,
+            },
+        )
+        if status not in (200, 201):
+            count_as(f"register_refused_{answer.get('code')}")
+            return
+        worker.session_id, worker.generation = answer["sessionId"], answer["generation"]
+        since = time.monotonic()
         while time.monotonic() < end:
             body = {
                 "sessionId": worker.session_id,
@@ -424,16 +432,14 @@ async def fleet(server: Server, workers: list[SimWorker], seconds: float) -> dic
                     signed_post(worker, server.port, wire.CLAIM_WAIT, body), timeout=60
                 )
             except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
+                count_as(f"no_answer_{type(exc).__name__}")
                 stats["late"] += 1
-                name = f"no_answer_{type(exc).__name__}"
-                stats[name] = stats.get(name, 0) + 1
-                worker.writer = None
+                worker.writer = None  # reconnect, as the agent's client does
                 continue
             took = time.monotonic() - sent
             if status != 200:
                 stats["refused"] += 1
-                code = f"refused_{status}_{answer.get('code')}"
-                stats[code] = stats.get(code, 0) + 1
+                count_as(f"refused_{status}_{answer.get('code')}")
                 await asyncio.sleep(1)
                 continue
             stats["answered"] += 1
@@ -441,6 +447,7 @@ async def fleet(server: Server, workers: list[SimWorker], seconds: float) -> dic
             stats["worst_over_bound_s"] = max(stats["worst_over_bound_s"], over)
             if over > 2.0:
                 stats["late"] += 1
+        active_seconds += time.monotonic() - since
 
     async def sample() -> None:
         nonlocal rss_peak
@@ -448,18 +455,18 @@ async def fleet(server: Server, workers: list[SimWorker], seconds: float) -> dic
             rss_peak = max(rss_peak, sum(p.memory_info().rss for p in server.tree()))
             await asyncio.sleep(1)
 
-    await asyncio.gather(sample(), *(hold(w) for w in workers))
+    await asyncio.gather(sample(), *(life(w) for w in workers))
     wall = time.monotonic() - started
     cpu = sum(p.cpu_times().user + p.cpu_times().system for p in server.tree()) - cpu_before
     for worker in workers:
         if worker.writer is not None:
             worker.writer.close()
-    # Each worker's requests inside the window (its first wait starts up to 5 s late).
     return {
         **stats,
-        "requests_per_worker_per_min": stats["requests"] / count / (seconds / 60),
+        "requests_per_worker_per_min": stats["requests"] / (active_seconds / 60) if active_seconds else 0.0,
         "rss_mib": rss_peak / 2**20,
-        "cpu_percent": cpu / wall * 100,
+        "cpu_percent_of_one_core": cpu / wall * 100,
+        "workers": count,
     }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from django.db.models import F, Q
+from django.db.models import F
 from django.db.models.functions import Now
 
 from core.db import db_now, write_path
@@ -217,9 +217,13 @@ def _keep_alive_write(*, worker_id: uuid.UUID, session_id: uuid.UUID, generation
     return SessionView(session=session, server_time=now)
 
 
+#: Session ids per statement of :func:`sessions_keep_alive` (SQLite bounds a statement's size).
+KEEP_ALIVE_CHUNK = 500
+
+
 @write_path
 def sessions_keep_alive(*, sessions: list[tuple[uuid.UUID, int]]) -> int:
-    """Keep the sessions of held waiting claims alive: one statement for all of them.
+    """Keep the sessions of held waiting claims alive: one statement per 500 of them.
 
     ``sessions``: (session id, generation) of each waiting claim a server process holds (its
     worker is connected and waiting). Every session still live (online or draining), of that
@@ -230,12 +234,17 @@ def sessions_keep_alive(*, sessions: list[tuple[uuid.UUID, int]]) -> int:
     if not sessions:
         return 0
     now = db_now()
-    fence = Q()
+    by_generation: dict[int, list[uuid.UUID]] = {}
     for session_id, generation in sessions:
-        fence |= Q(pk=session_id, generation=generation)
-    return WorkerSession.objects.filter(
-        fence,
-        state__in=LIVE_SESSION_STATES,
-        lease_expires_at__gt=now,
-        lease_expires_at__lt=now + session_lease_ttl() / 2,
-    ).update(lease_expires_at=now + session_lease_ttl())
+        by_generation.setdefault(generation, []).append(session_id)
+    extended = 0
+    for generation, ids in sorted(by_generation.items()):
+        for start in range(0, len(ids), KEEP_ALIVE_CHUNK):
+            extended += WorkerSession.objects.filter(
+                pk__in=ids[start : start + KEEP_ALIVE_CHUNK],
+                generation=generation,
+                state__in=LIVE_SESSION_STATES,
+                lease_expires_at__gt=now,
+                lease_expires_at__lt=now + session_lease_ttl() / 2,
+            ).update(lease_expires_at=now + session_lease_ttl())
+    return extended
