@@ -454,6 +454,12 @@ async def fleet(server: Server, workers: list[SimWorker], seconds: float) -> dic
         while time.monotonic() < end:
             rss_peak = max(rss_peak, sum(p.memory_info().rss for p in server.tree()))
             await asyncio.sleep(1)
+        # Every worker still holds a wait now: were they all kept alive without a heartbeat?
+        ids = [w.session_id for w in workers if w.session_id]
+        stats["sessions_online_at_end"] = await asyncio.to_thread(
+            lambda: WorkerSession.objects.filter(pk__in=ids, state=SessionState.ONLINE).count()
+        )
+        stats["sessions_registered"] = len(ids)
 
     await asyncio.gather(sample(), *(life(w) for w in workers))
     wall = time.monotonic() - started
@@ -500,9 +506,6 @@ def main() -> int:
             say(f"idle fleet: {ARGS.fleet} simulated workers, waiting claims for {ARGS.fleet_seconds:g} s")
             workers = enroll_fleet(ARGS.fleet)
             figures = asyncio.run(fleet(server, workers, ARGS.fleet_seconds))
-            figures["sessions_online_at_end"] = WorkerSession.objects.filter(
-                pk__in=[w.session_id for w in workers], state=SessionState.ONLINE
-            ).count()
             for key, value in figures.items():
                 print(f"fleet {key}: {value:.2f}" if isinstance(value, float) else f"fleet {key}: {value}")
         print(

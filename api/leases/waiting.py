@@ -191,9 +191,8 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
         except DomainError as exc:
             return _refusal(exc)
         assert result.session is not None
-        session = result.session
         if offers:
-            session_row = session.session
+            session_row = result.session.session
             HUB.want_work(waiter, session_row.capabilities_sha256, session_row.capabilities)
             if HUB.work_seq != seen:  # work came while the first round ran, before it had a group
                 waiter.wake("work")
@@ -213,15 +212,12 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
                     HUB.pass_on(waiter)  # it took all it asked for: more may be waiting
             elif result.cancels:
                 ended = "cancel"
-        if ended in ("offers", "cancel"):
-            assert result.session is not None  # the round that ended the wait read it
-            session = result.session
-        else:
-            # Timeout or shutdown: the last round's view of the session (a change to it would have
-            # woken this wait), so that a fleet's waits end without a database read each.
-            assert result.session is not None
-            session = result.session
-            result = _Round([], [])
+        # The last round's view of the session: on a timeout or shutdown too (a change to the
+        # session would have woken the wait), so that a fleet's waits end without a read each.
+        session = result.session
+        assert session is not None  # every round reads it
+        if ended not in ("offers", "cancel"):
+            result = _Round([], [], session)
         return _answer(result, session, bound, ended)
     finally:
         HUB.remove(waiter)
