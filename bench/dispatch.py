@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python bench/dispatch.py [--runs 25] [--cancels 5] [--idle-seconds 60]
-        [--fleet 1000] [--fleet-seconds 75] [--pg-url URL] [--port-base 8300]
+        [--fleet 1000] [--fleet-seconds 90] [--pg-url URL] [--port-base 8300]
 
 One control plane (``manage.py serve`` as shipped: Granian, the in-process sweep loop) on a
 fresh database — SQLite in a temporary directory (standalone profile), or ``--pg-url``
@@ -70,7 +70,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--cancels", type=int, default=5)
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--fleet", type=int, default=1000)
-    parser.add_argument("--fleet-seconds", type=float, default=75.0)
+    parser.add_argument("--fleet-seconds", type=float, default=90.0)
     parser.add_argument("--pg-url", default="")
     parser.add_argument(
         "--port-base", type=int, default=int(os.environ.get("QINGLONG_BENCH_PORT_BASE", "8300"))
@@ -377,7 +377,7 @@ def enroll_fleet(count: int) -> list[SimWorker]:
 
 
 async def fleet(server: Server, workers: list[SimWorker], seconds: float) -> dict[str, float]:
-    """Each simulated worker registers (at a random moment of the first 10 s, as a fleet comes
+    """Each simulated worker registers (at a random moment of the first 30 s, as a fleet comes
     up), then holds waiting claims back to back until ``seconds`` have passed; no heartbeats."""
     count = len(workers)
     stats: dict[str, float] = {
@@ -398,7 +398,7 @@ async def fleet(server: Server, workers: list[SimWorker], seconds: float) -> dic
 
     async def life(worker: SimWorker) -> None:
         nonlocal active_seconds
-        await asyncio.sleep(random.uniform(0, 10))
+        await asyncio.sleep(random.uniform(0, 30))
         status, answer = await signed_post(
             worker,
             server.port,
