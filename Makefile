@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: chromium run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving bench-logs lint clean
+.PHONY: chromium run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving bench-logs bench-dispatch lint clean
 
 $(VENV)/.base: requirements/base.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,3 +73,9 @@ bench-heartbeat: $(VENV)/.dev
 ## uvicorn, hypercorn and granian (docs/deploy.md); a fresh SQLite database in a temporary directory
 bench-serving: $(VENV)/.dev
 	$(PY) bench/serving.py $(ARGS)
+
+## bench-dispatch: enqueue->starting and cancel->stopped latency, idle requests per worker, long polling
+## next to short polling (real agents), then 1,000 simulated idle workers holding waiting claims
+## (docs/deploy.md); a fresh SQLite database in a temporary directory (ARGS="--pg-url URL" for PostgreSQL)
+bench-dispatch: $(VENV)/.dev
+	$(PY) bench/dispatch.py $(ARGS)

@@ -18,6 +18,7 @@ from audit.recorder import record
 from core.conf import protocol
 from core.db import db_now, write_path
 from core.errors import DomainError
+from core.wakeups import work_ready, worker_changed
 from leases.settlement import release_expired_lease_of
 from runs.locks import lock_run
 from runs.models import Run, RunAttempt, TaskRevision
@@ -41,6 +42,7 @@ def _new_attempt(run: Run, number: int, now: datetime, actor_type: str, actor: s
         created_at=now,
         placement_sha256=run.revision.placement_sha256,
     )
+    work_ready(attempt.placement_sha256)  # on commit: wake a waiting claim that can run it
     record(
         "attempt.claimed",
         actor_type=actor_type,
@@ -193,6 +195,8 @@ def run_cancel(
         and live.state == AttemptState.CLAIMED
         and (live.lease_expires_at is None or live.lease_expires_at <= now)
     )
+    if live is not None and not unleased and live.worker_id is not None:
+        worker_changed(live.worker_id)  # on commit: the lease holder's waiting request answers it
     if live is None or unleased:
         if live is not None:
             release_expired_lease_of(live, now=now, actor_type=actor_type, actor=actor)

@@ -11,8 +11,10 @@ Timing rules (docs/leases.md):
   control plane can consider the attempt lost and dispatch it again;
 * a renewal stops retrying before the lease would have lapsed; the runner then kills its
   process and abandons the attempt — a process whose lease lapsed must not report;
-* a cancellation is learned from an ACK, renewal or heartbeat answer, and the job is ended
-  (SIGTERM, ``cancel_grace``, SIGKILL) within one renew interval of the request;
+* a cancellation is learned from the waiting claim's answer (pushed, within milliseconds of the
+  request), or from an ACK, renewal or heartbeat answer; the job's group gets SIGTERM at once
+  (``cancel``), SIGKILL after ``cancel_grace`` — within one renew interval of the request even
+  without a waiting claim;
 * the job's output is shipped live under the lease (``agent.output``); after the job ends the
   rest of the log is sent and the declared artifacts uploaded (``agent.artifacts``), still
   renewing, and only then is the completion reported (docs/logs.md);
@@ -102,7 +104,17 @@ class AttemptRunner(threading.Thread):
         self._next_renew = 0.0
 
     def cancel(self) -> None:
+        """The control plane asked to cancel: the job's process group gets its stop signal now
+        (from whichever thread learned it: a waiting claim, a heartbeat, a lease answer); the
+        runner then waits for it to end and completes ``cancelled``."""
         self._cancel.set()
+        execution = self.execution
+        if execution is not None:
+            execution.signal_stop("cancelled", cancel_grace(self.lease["renewIntervalSeconds"]))
+
+    @property
+    def cancelling(self) -> bool:
+        return self._cancel.is_set()
 
     def abandon(self) -> None:
         """Kill the process without reporting (the agent is fenced or its credential refused)."""
@@ -230,8 +242,8 @@ class AttemptRunner(threading.Thread):
         self.lease = running["lease"]
         self.shipper.start()
         next_renew = sent + renew_period(self.lease["renewIntervalSeconds"])
-        if running["cancelRequested"]:
-            self._cancel.set()
+        if running["cancelRequested"] or self._cancel.is_set():
+            self.cancel()
         while True:
             step = min(1.0, next_renew - time.monotonic(), execution.deadline - time.monotonic())
             if execution.wait(step):

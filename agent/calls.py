@@ -63,7 +63,14 @@ class Stop(Exception):
 class Poster(Protocol):
     """What a call needs of the client (``agent.client.Client``)."""
 
-    def post(self, path: str, body: Mapping[str, object]) -> dict[str, Any]: ...
+    def post(
+        self,
+        path: str,
+        body: Mapping[str, object],
+        *,
+        timeout: float | None = None,
+        interruptible: bool = False,
+    ) -> dict[str, Any]: ...
 
 
 def transient(exc: BaseException) -> bool:
@@ -138,8 +145,12 @@ def call(
     backoff_max: float,
     patience: float | None = None,
     stop: threading.Event | None = None,
+    timeout: float | None = None,
+    interruptible: bool = False,
 ) -> dict[str, Any]:
     """POST with retries on transient failures for up to ``patience`` seconds (None: forever).
+
+    ``timeout`` and ``interruptible`` are passed to the client for each try (a long poll).
 
     A retry that would start after ``patience`` is not made (``stop_before_delay``), so a
     renewal never outlives its lease; a set ``stop`` event ends the retries too. Raises Stop for
@@ -156,7 +167,9 @@ def call(
         before_sleep=_log_retry(path),
     )
     try:
-        return retrying(client.post, path, body)
+        if timeout is None and not interruptible:
+            return retrying(client.post, path, body)
+        return retrying(client.post, path, body, timeout=timeout, interruptible=interruptible)
     except ApiError as exc:
         verdict = classify(exc)
         if verdict is not None:

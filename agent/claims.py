@@ -1,17 +1,32 @@
 """The claim loop, on the agent's main thread: ask for work while the session is online and a
 slot is free, and start one attempt runner per offer.
 
-Each claim offers up to ``wire.MAX_OFFERS_PER_CLAIM`` fresh (offer id, lease token) pairs; the
-lease token never leaves this process except in lease calls (docs/leases.md). An empty answer
-lengthens the wait (×1.5 up to ``Settings.poll_max``); an offer, or a runner finishing, wakes
-the loop at once. ``session_draining`` marks the session draining (no more claims until a
-heartbeat answers it online again); ``capacity_exhausted`` and ``rate_limited`` wait quietly.
+Each claim offers up to ``wire.MAX_OFFERS_PER_CLAIM`` fresh (offer id, lease token) pairs, one
+per free slot; the lease token never leaves this process except in lease calls (docs/leases.md).
+
+**Long polling (the default; docs/leases.md "Waiting claims").** One waiting claim is in flight
+at a time (``claim/wait``), carrying an offer per free slot and the running attempts to watch
+for cancellation: the server answers as soon as it claimed work for us, a watched attempt's
+cancellation was requested, or the session changed — else after the wait it granted. The wait
+keeps the session alive (the server extends its lease at the start), so while waits follow one
+another the heartbeat timer is pushed back (``Heartbeat.postpone``) and an idle agent sends
+about two requests a minute. With no slot free the request only watches; a runner finishing
+cuts such a watch short (``Client.interrupt``: its lost answer costs nothing) so the freed slot
+is offered at once. Against an older control plane (``claim/wait`` answers 404) the agent falls
+back to short polling for good.
+
+**Short polling** (``--no-long-poll``, or the fallback): an empty answer lengthens the wait
+(×1.5 up to ``Settings.poll_max``); an offer, or a runner finishing, wakes the loop at once.
+
+``session_draining`` marks the session draining (no more claims until a heartbeat answers it
+online again); ``capacity_exhausted`` and ``rate_limited`` wait quietly.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import threading
 from typing import TYPE_CHECKING, cast
 
 from protocol import messages as m
@@ -28,45 +43,126 @@ log = logging.getLogger("qinglong.agent")
 
 #: How much longer the next idle wait is than the last.
 POLL_GROWTH = 1.5
+#: Seconds a waiting claim's answer may take beyond the wait the server granted.
+WAIT_SLACK_SECONDS = 10.0
 
 
 class Claims:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self.long_poll = agent.settings.long_poll
+        #: The wait the server last granted, seconds (None until a waiting claim was answered).
+        self.granted: float | None = None
+        self._interrupted = threading.Event()
+        self._in_flight = False
+        self._watch_only = False
+
+    def _offers(self, free: int) -> list[m.OfferRequest]:
+        return [
+            {"offerId": str(uuid7()), "leaseToken": secrets.token_urlsafe(32)}
+            for _ in range(min(max(0, free), wire.MAX_OFFERS_PER_CLAIM))
+        ]
+
+    def _start(self, answered: list[m.Offer], offers: list[m.OfferRequest]) -> int:
+        tokens = {offer["offerId"]: offer["leaseToken"] for offer in offers}
+        for offer in answered:
+            self.agent.start_runner(AttemptRunner(self.agent, offer, tokens[offer["lease"]["offerId"]]))
+        return len(answered)
 
     def once(self) -> int:
-        """One claim; returns how many attempts it started."""
+        """One short claim; returns how many attempts it started."""
         agent = self.agent
         session = agent.session
         free = agent.settings.max_concurrent - agent.running_count()
         if free <= 0 or session.state != "online":
             return 0
-        offers: list[m.OfferRequest] = [
-            {"offerId": str(uuid7()), "leaseToken": secrets.token_urlsafe(32)}
-            for _ in range(min(free, wire.MAX_OFFERS_PER_CLAIM))
-        ]
+        offers = self._offers(free)
         body: m.Claim = {**session.fence(), "offers": offers}
         try:
             answer = cast(m.ClaimAnswer, agent.call(wire.CLAIM, body, stop=agent.shutdown_requested))
         except ApiError as exc:
-            if exc.code == "session_draining":
-                session.mark_draining()
-            elif exc.code not in ("capacity_exhausted", "rate_limited"):
-                log.error("claim refused: %s", exc)
+            self._refused(exc)
             return 0
         except TransportError:
             return 0
-        tokens = {offer["offerId"]: offer["leaseToken"] for offer in offers}
-        for offer in answer["offers"]:
-            agent.start_runner(AttemptRunner(agent, offer, tokens[offer["lease"]["offerId"]]))
-        return len(answer["offers"])
+        return self._start(answer["offers"], offers)
+
+    def _refused(self, exc: ApiError) -> None:
+        if exc.code == "session_draining":
+            self.agent.session.mark_draining()
+        elif exc.code not in ("capacity_exhausted", "rate_limited"):
+            log.error("claim refused: %s", exc)
+
+    def wait_once(self) -> int | None:
+        """One waiting claim; returns how many attempts it started, or None when it did not wait
+        (refused, unreachable, not online: the caller pauses before the next)."""
+        agent = self.agent
+        session = agent.session
+        if session.state != "online" or agent.shutdown_requested.is_set():
+            return None
+        free = agent.settings.max_concurrent - agent.running_count()
+        offers = self._offers(free)
+        body: m.ClaimWait = {
+            **session.fence(),
+            "offers": offers,
+            "watch": agent.watched_attempts(),
+            "waitSeconds": agent.settings.wait_seconds,
+        }
+        if self.granted is not None:
+            # While the wait is held the server keeps the session alive (docs/sessions.md).
+            agent.heartbeat.postpone(self.granted + session.heartbeat_interval / 2)
+        self._interrupted.clear()
+        self._watch_only = not offers
+        self._in_flight = True
+        try:
+            answer = cast(
+                m.ClaimWaitAnswer,
+                agent.call(
+                    wire.CLAIM_WAIT,
+                    body,
+                    stop=self._interrupted,
+                    timeout=agent.settings.wait_seconds + WAIT_SLACK_SECONDS,
+                    interruptible=True,
+                ),
+            )
+        except ApiError as exc:
+            agent.heartbeat.resume()
+            if exc.status == 404 or (exc.code == "validation_failed" and exc.field == "waitSeconds"):
+                log.info("the control plane has no waiting claims (%s): short polling from now on", exc.code)
+                self.long_poll = False
+                return 0
+            self._refused(exc)
+            return None
+        except TransportError:
+            agent.heartbeat.resume()
+            return 0 if self._interrupted.is_set() and not agent.shutdown_requested.is_set() else None
+        finally:
+            self._in_flight = self._watch_only = False
+        self.granted = answer["waitSeconds"]
+        agent.heartbeat.apply(answer["session"])
+        for attempt_id in answer["cancelRequested"]:
+            runner = agent.runner(attempt_id)
+            if runner is not None:
+                runner.cancel()
+        return self._start(answer["offers"], offers)
+
+    def interrupt(self, *, watch_only: bool) -> None:
+        """Cut the waiting claim in flight short: only a watch (``watch_only``), or any (stopping)."""
+        if self._in_flight and (self._watch_only or not watch_only):
+            self._interrupted.set()
+            self.agent.client.interrupt()
 
     def loop(self) -> None:
         """Claim until shutdown is requested (raises Stop when the agent must end)."""
         agent = self.agent
         delay = agent.settings.poll_min
         while not agent.shutdown_requested.is_set():
-            if self.once():
+            if self.long_poll:
+                started = self.wait_once()
+                if started is not None:
+                    delay = agent.settings.poll_min
+                    continue
+            elif self.once():
                 delay = agent.settings.poll_min
                 continue
             agent.wake.wait(delay)

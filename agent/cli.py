@@ -70,6 +70,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--poll-max", type=float, default=5.0, help="longest wait between idle claims, seconds")
     run.add_argument(
+        "--no-long-poll",
+        action="store_true",
+        help="claim by short polling instead of waiting claims (docs/leases.md 'Waiting claims')",
+    )
+    run.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        help="the wait a waiting claim asks for, seconds (server bounds it)",
+    )
+    run.add_argument(
         "--backoff-max",
         type=float,
         default=8.0,
@@ -136,6 +147,8 @@ def _run(args: argparse.Namespace, state: StateDir) -> int:
         work_dir=work_dir,
         drain_timeout=args.drain_timeout,
         poll_max=max(1.0, args.poll_max),
+        long_poll=not args.no_long_poll,
+        wait_seconds=min(max(1.0, args.wait), 60.0),
         backoff_max=args.backoff_max,
         job_user=args.job_user,
     )

@@ -14,6 +14,7 @@ import datetime
 import email.utils
 import http.client
 import json
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -75,6 +76,9 @@ class Client:
         #: Seconds to add to this machine's clock to get the server's (see _learn_clock).
         self.clock_offset = 0.0
         self._local = threading.local()
+        #: Connections of long polls in flight (see :meth:`interrupt`).
+        self._waiting: set[http.client.HTTPConnection] = set()
+        self._waiting_lock = threading.Lock()
 
     def with_key(self, key_id: str, key: Signer) -> Client:
         """A client for the same server signing with another key (used by key rotation)."""
@@ -112,15 +116,40 @@ class Client:
             return
         self.clock_offset = server - time.time()
 
+    def interrupt(self) -> None:
+        """Cut every long poll in flight short (any thread): its ``post`` raises TransportError.
+
+        Only for a request whose lost answer costs nothing (a watch without offers), or when the
+        agent is stopping anyway: an interrupted claim's offers are claimed but not learned."""
+        with self._waiting_lock:
+            waiting = list(self._waiting)
+        for conn in waiting:
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
 
-    def post(self, path: str, body: Mapping[str, object], *, signed: bool = True) -> dict[str, Any]:
+    def post(
+        self,
+        path: str,
+        body: Mapping[str, object],
+        *,
+        signed: bool = True,
+        timeout: float | None = None,
+        interruptible: bool = False,
+    ) -> dict[str, Any]:
         """POST ``body`` as JSON to ``path``; return the decoded JSON answer.
 
+        ``timeout``: seconds for this request instead of the client's (a long poll waits longer);
+        ``interruptible``: :meth:`interrupt` may cut it short.
         Raises ApiError for an error answer, TransportError when there is no usable answer.
         """
         payload = dumps(body)
@@ -141,6 +170,13 @@ class Client:
                 )
             )
         conn = self._connection()
+        seconds = self.timeout if timeout is None else timeout
+        conn.timeout = seconds
+        if conn.sock is not None:
+            conn.sock.settimeout(seconds)
+        if interruptible:
+            with self._waiting_lock:
+                self._waiting.add(conn)
         try:
             conn.request("POST", target, body=payload, headers=headers)
             response = conn.getresponse()
@@ -148,6 +184,10 @@ class Client:
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            if interruptible:
+                with self._waiting_lock:
+                    self._waiting.discard(conn)
         self._learn_clock(response.getheader("Date"))
         if response.getheader("Connection", "").lower() == "close":
             self.close()

@@ -216,6 +216,19 @@ class Execution:
         except subprocess.TimeoutExpired:
             return False
 
+    def signal_stop(self, outcome: str, grace: float = KILL_GRACE_SECONDS) -> None:
+        """Start ending the job without waiting: the guard sends SIGTERM to its process group now
+        and SIGKILL after ``grace`` (``stop`` then waits for it). Any thread; idempotent."""
+        if self.process.poll() is not None:
+            return
+        if self._stopped_as is None:
+            self._stopped_as = outcome
+        if not self._tell_guard(f"stop {max(0.0, grace):.3f}"):
+            try:
+                os.killpg(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     def stop(self, outcome: str, grace: float = KILL_GRACE_SECONDS) -> None:
         """End the job: SIGTERM to its process group and every other descendant, SIGKILL to
         whatever is left ``grace`` seconds later (default ``KILL_GRACE_SECONDS``). Idempotent. A

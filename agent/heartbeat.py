@@ -6,14 +6,22 @@ whose cancellation was requested (their runners are told) and whether the operat
 key rotation (carried out here: ``agent.rotation``). The slots offered drop to 0 once shutdown
 is requested; the loop keeps running while the agent drains and stops before it goes offline.
 A fenced session or a refused credential stops the agent (``Agent.fail``).
+
+While waiting claims follow one another they keep the session alive instead (the server extends
+the lease at each wait's start, docs/sessions.md "Waiting claims keep the session alive"): the
+claim loop pushes the next heartbeat back past the wait (:meth:`Heartbeat.postpone`) and hands
+each wait's session answer over (:meth:`Heartbeat.apply`); a wait that fails brings the
+heartbeat back at once (:meth:`Heartbeat.resume`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
+from protocol import messages as m
 from protocol import wire
 
 from .calls import Stop
@@ -35,6 +43,8 @@ class Heartbeat:
         self.agent = agent
         self.stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._changed = threading.Condition()
+        self._due = 0.0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
@@ -42,10 +52,33 @@ class Heartbeat:
 
     def stop(self) -> None:
         self.stopped.set()
+        with self._changed:
+            self._changed.notify_all()
+
+    def postpone(self, seconds: float) -> None:
+        """No heartbeat for ``seconds`` from now (a waiting claim keeps the session alive)."""
+        with self._changed:
+            self._due = max(self._due, time.monotonic() + seconds)
+
+    def resume(self) -> None:
+        """Heartbeat now: no waiting claim is keeping the session alive any more."""
+        with self._changed:
+            self._due = min(self._due, time.monotonic())
+            self._changed.notify_all()
+
+    def _sleep(self) -> bool:
+        """Sleep until the next heartbeat is due; False once stopped."""
+        with self._changed:
+            while not self.stopped.is_set():
+                left = self._due - time.monotonic()
+                if left <= 0:
+                    return True
+                self._changed.wait(left)
+        return False
 
     def _loop(self) -> None:
-        delay = self.agent.session.heartbeat_interval
-        while not self.stopped.wait(delay):
+        self.postpone(self.agent.session.heartbeat_interval)
+        while self._sleep():
             try:
                 delay = self.step()
             except Stop as stop:
@@ -53,6 +86,8 @@ class Heartbeat:
                 return
             except TransportError:
                 return  # only when stopping: calls retry forever otherwise
+            with self._changed:
+                self._due = time.monotonic() + delay
 
     def step(self) -> float:
         """One heartbeat and what its answer asks for; returns the delay until the next one."""
@@ -66,6 +101,13 @@ class Heartbeat:
             log.error("heartbeat refused: %s", exc)
             return agent.session.heartbeat_interval
         assert answer is not None  # no done_if: every answer is a session
+        self.apply(answer)
+        return max(MIN_DELAY, seconds_between(answer["nextHeartbeatAt"], answer["serverTime"]))
+
+    def apply(self, answer: m.SessionAnswer) -> None:
+        """What a session answer asks for (a heartbeat's or a waiting claim's): adopt its version
+        and state, tell the runners of cancelled attempts, rotate the key when required."""
+        agent = self.agent
         agent.session.apply(answer)
         for attempt_id in answer["cancelRequested"]:
             runner = agent.runner(attempt_id)
@@ -77,4 +119,3 @@ class Heartbeat:
                 rotate_key(agent)
             except (ApiError, TransportError) as exc:
                 log.error("key rotation failed (the old key works until its grace period ends): %s", exc)
-        return max(MIN_DELAY, seconds_between(answer["nextHeartbeatAt"], answer["serverTime"]))

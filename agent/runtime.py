@@ -62,6 +62,10 @@ class Settings:
     drain_timeout: float = 60.0
     poll_min: float = 1.0
     poll_max: float = 5.0
+    #: Claim by long poll (``claim/wait``; the server bounds the wait), else short polling.
+    long_poll: bool = True
+    #: The wait a long poll asks for, seconds (the server grants at most its own bound).
+    wait_seconds: float = 30.0
     #: Longest wait between two retries of a call the control plane did not answer, seconds.
     backoff_max: float = 8.0
     #: Run every job as this user (the agent runs as root), out of reach of the agent's processes.
@@ -103,10 +107,19 @@ class Agent:
         *,
         patience: float | None = None,
         stop: threading.Event | None = None,
+        timeout: float | None = None,
+        interruptible: bool = False,
     ) -> dict[str, Any]:
         """POST with the retry policy of ``agent.calls`` (see :func:`agent.calls.call`)."""
         return calls.call(
-            self.client, path, body, backoff_max=self.settings.backoff_max, patience=patience, stop=stop
+            self.client,
+            path,
+            body,
+            backoff_max=self.settings.backoff_max,
+            patience=patience,
+            stop=stop,
+            timeout=timeout,
+            interruptible=interruptible,
         )
 
     def fail(self, stop: Stop) -> None:
@@ -115,6 +128,7 @@ class Agent:
             self._fatal = stop
         self.shutdown_requested.set()
         self.wake.set()
+        self.claims.interrupt(watch_only=False)
 
     # --- attempt runners -------------------------------------------------------------------
 
@@ -125,6 +139,11 @@ class Agent:
     def runner(self, attempt_id: str) -> AttemptRunner | None:
         return self._runners.get(attempt_id)
 
+    def watched_attempts(self) -> list[str]:
+        """Running attempts whose cancellation a waiting claim should watch for (not yet cancelled)."""
+        with self._runners_lock:
+            return [attempt for attempt, runner in self._runners.items() if not runner.cancelling][:64]
+
     def start_runner(self, runner: AttemptRunner) -> None:
         with self._runners_lock:
             self._runners[runner.lease["attemptId"]] = runner
@@ -134,6 +153,7 @@ class Agent:
         with self._runners_lock:
             self._runners.pop(attempt_id, None)
         self.wake.set()
+        self.claims.interrupt(watch_only=True)  # a watch without offers: offer the freed slot now
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -142,6 +162,7 @@ class Agent:
             log.info("shutdown requested: draining")
         self.shutdown_requested.set()
         self.wake.set()
+        self.claims.interrupt(watch_only=False)
 
     def run(self, capabilities: dict[str, Any]) -> int:
         """Register, heartbeat, claim and run until told to stop; return the exit status."""
@@ -160,6 +181,7 @@ class Agent:
             self.claims.loop()
         except Stop as stop:
             self.fail(stop)
+        self.heartbeat.resume()  # no waiting claim keeps the session alive any more
         if self._fatal is not None:
             return self._die(self._fatal)
         return self._graceful_shutdown()

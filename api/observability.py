@@ -18,6 +18,7 @@ import re
 import time
 import uuid
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
 
 from core.metrics import HTTP_LATENCY, HTTP_REQUESTS, WORKER_CALLS
@@ -30,6 +31,8 @@ request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id
 
 #: URL names of the worker API → the call label of ``qinglong_worker_calls_total``.
 _WORKER_CALL_PREFIXES = ("worker-session-", "worker-lease-", "worker-")
+#: A waiting claim is a claim (offered or empty); ``qinglong_waiting_claims`` counts those held.
+_CALL_ALIASES = {"claim-wait": "claim"}
 
 
 class RequestIdFilter(logging.Filter):
@@ -70,10 +73,36 @@ def _worker_outcome(response: HttpResponse, call: str) -> str:
 
 
 class ObservabilityMiddleware:
+    """Sync and async: the waiting endpoints' handler (``qinglong.asgi``) runs it on the event loop."""
+
+    sync_capable = True
+    async_capable = True
+
     def __init__(self, get_response):
         self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __call__(self, request: HttpRequest):
+        if self.async_mode:
+            return self._acall(request)
+        return self._call(request)
+
+    async def _acall(self, request: HttpRequest) -> HttpResponse:
+        request_id = _request_id(request)
+        token = request_id_var.set(request_id)
+        started = time.perf_counter()
+        try:
+            response = await self.get_response(request)
+            seconds = time.perf_counter() - started
+            response[REQUEST_ID_HEADER] = request_id
+            self._record(request, response, seconds, request_id)
+            return response
+        finally:
+            request_id_var.reset(token)
+
+    def _call(self, request: HttpRequest) -> HttpResponse:
         request_id = _request_id(request)
         token = request_id_var.set(request_id)
         started = time.perf_counter()
@@ -97,6 +126,7 @@ class ObservabilityMiddleware:
             call = url_name
             for prefix in _WORKER_CALL_PREFIXES:
                 call = call.removeprefix(prefix)
+            call = _CALL_ALIASES.get(call, call)
             WORKER_CALLS.labels(call=call, outcome=_worker_outcome(response, call)).inc()
         worker, user = _principal(request)
         access_log.info(

@@ -6,7 +6,27 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from core.wakeups import worker_changed
+
 from .models import ActorType, Event
+
+#: Events after which a worker's waiting requests must look again (fence, capacity, drain).
+WAKE_WORKER_KINDS = frozenset(
+    {
+        "session.registered",
+        "session.replaced",
+        "session.fenced",
+        "session.expired",
+        "session.offline",
+        "session.drained",
+        "session.undrained",
+        "worker.revoked",
+        "worker.drained",
+        "worker.undrained",
+        "lease.released",
+        "lease.completed",
+    }
+)
 
 #: Values an event's ``data`` may hold: short strings (codes, categories), numbers, booleans,
 #: or one level of {category: count}. Anything else is a programming error.
@@ -44,6 +64,8 @@ def record(
     """
     data = data or {}
     _check(data)
+    if worker_id is not None and kind in WAKE_WORKER_KINDS:
+        worker_changed(worker_id)  # delivered on commit (core.wakeups)
     return Event.objects.create(
         kind=kind,
         actor_type=actor_type,

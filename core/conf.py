@@ -9,6 +9,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+#: The environment variable naming the file whose appearance tells a server process that
+#: ``manage.py serve`` is stopping (``api.waiting`` then ends its waiting claims at once).
+SERVE_STOP_FILE_VARIABLE = "QINGLONG_SERVE_STOP_FILE"
+
 
 @dataclass(frozen=True)
 class ProtocolSettings:
@@ -34,6 +38,14 @@ class ProtocolSettings:
     sweep_batch: int
     min_agent_version: str
     supported_protocol_versions: tuple[int, ...]
+    claim_wait_max_seconds: float
+    claim_wait_recheck_seconds: float
+
+
+def claim_wait_bound(requested: float) -> float:
+    """The seconds a waiting claim may wait (docs/leases.md, "Waiting claims"): what the worker
+    asked for, at most ``CLAIM_WAIT_MAX_SECONDS``."""
+    return max(0.0, min(float(requested), protocol().claim_wait_max_seconds))
 
 
 def protocol() -> ProtocolSettings:

@@ -12,7 +12,7 @@ prometheus_client keeps each process's values in a file there and a scrape sums 
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 #: Request latency buckets, seconds: a signed call takes milliseconds; a long poll (issue 18) up to 30 s.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -33,6 +33,11 @@ WORKER_CALLS = Counter(
     "Worker protocol calls by call (claim, renew, complete, activate, release, heartbeat, register) "
     "and outcome code (`ok` or the error code answered).",
     ["call", "outcome"],
+)
+WAITING_CLAIMS = Gauge(
+    "qinglong_waiting_claims",
+    "Waiting claims (claim/wait) held open right now, summed over the live server processes.",
+    multiprocess_mode="livesum",
 )
 SWEEP_DURATION = Histogram(
     "qinglong_sweep_duration_seconds",

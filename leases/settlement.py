@@ -24,6 +24,7 @@ from datetime import datetime
 from django.db.models import F
 
 from audit.recorder import record
+from core.wakeups import work_ready
 from runs.locks import lock_run
 from runs.models import RunAttempt
 from runs.outcomes import conclude_attempt
@@ -131,6 +132,7 @@ def settle_lease(
         )
     else:
         update_attempt(attempt, lease_expires_at=None, worker=None, session_id=None)
+        work_ready(attempt.placement_sha256)  # back in the queue: wake a waiter that can run it
     return True
 
 

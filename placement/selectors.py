@@ -26,7 +26,8 @@ from django.db.models import Count, Q
 
 from core.errors import DomainError
 from leases.models import LeaseState
-from runs.models import Run
+from runs.models import Run, TaskRevision
+from runs.selectors import placement_class_heads, waiting_placement_classes
 from workers.models import SessionState, WorkerSession, WorkerState
 from workers.selectors import fleet_counts
 
@@ -328,3 +329,27 @@ def placement_preview(
         eligible=eligible,
         truncated=len(rows) > limit,
     )
+
+
+def placement_admits(*, capabilities_sha256: str, capabilities: str, placement_sha256: str) -> bool:
+    """Whether a session's capabilities (digest and canonical text) satisfy the placement class
+    ``placement_sha256``; True for a class no revision names (a wake-up hint errs on waking).
+    One indexed read of the placement text; the match itself is pure (``placement.matching``)."""
+    text = (
+        TaskRevision.objects.filter(placement_sha256=placement_sha256)
+        .values_list("placement", flat=True)
+        .first()
+    )
+    if text is None:
+        return True
+    snapshot = parse_capabilities(capabilities_sha256, capabilities)
+    return match(snapshot, parse_placement(placement_sha256, text)).eligible
+
+
+def claimable_placement_classes(*, now: datetime) -> list[str]:
+    """Placement classes with at least one attempt claimable now (no live lease, not cancelled).
+
+    The slow re-check of waiting claims (``api.waiting``): one loose index scan for the classes
+    waiting, then one index probe per class for its head."""
+    classes = waiting_placement_classes()
+    return [sha for sha in classes if placement_class_heads(now=now, classes=[sha], size=1)]

@@ -116,6 +116,16 @@ class Claim(SessionFence):
     offers: list[OfferRequest]
 
 
+class ClaimWait(SessionFence):
+    """``POST claim/wait`` (docs/leases.md "Waiting claims"): a claim that may wait up to
+    ``waitSeconds`` (the server bounds it) for work, for a cancellation of one of the ``watch``
+    attempts, or for a change of the session. ``offers`` may be empty (a watch only)."""
+
+    offers: list[OfferRequest]
+    watch: list[str]
+    waitSeconds: float
+
+
 class LeaseFence(SessionFence):
     """What every lease call carries."""
 
@@ -212,6 +222,19 @@ class Offer(TypedDict):
 class ClaimAnswer(TypedDict):
     offers: list[Offer]
     pollAfterSeconds: float
+
+
+class ClaimWaitAnswer(TypedDict):
+    """The answer to a waiting claim: the offers claimed (maybe none), the watched attempts whose
+    cancellation was requested, the wait the server granted and how it ended (``offers``,
+    ``cancel``, ``session``, ``timeout``, ``shutdown``), and the session as a heartbeat answers
+    it (the wait kept it alive)."""
+
+    offers: list[Offer]
+    cancelRequested: list[str]
+    waitSeconds: float
+    ended: str
+    session: SessionAnswer
 
 
 class AckAnswer(TypedDict):

@@ -11,6 +11,8 @@ SESSION_HEARTBEAT = API_PREFIX + "session/heartbeat"
 SESSION_DRAIN = API_PREFIX + "session/drain"
 SESSION_OFFLINE = API_PREFIX + "session/offline"
 CLAIM = API_PREFIX + "claim"
+#: The waiting claim (docs/leases.md "Waiting claims"): served by an async view, no thread each.
+CLAIM_WAIT = API_PREFIX + "claim/wait"
 LEASE_STARTING = API_PREFIX + "lease/starting"
 LEASE_RUNNING = API_PREFIX + "lease/running"
 LEASE_START_FAILED = API_PREFIX + "lease/start-failed"
@@ -43,6 +45,10 @@ MAX_LOG_SEGMENTS = 64
 LOG_STREAMS = ("stdout", "stderr")
 #: Most offers one claim request may ask for.
 MAX_OFFERS_PER_CLAIM = 8
+#: Most running attempts one waiting claim may watch for cancellation.
+MAX_WATCHED_ATTEMPTS = 64
+#: Longest wait a worker asks for; the server answers the bound it chose (``waitSeconds``).
+MAX_CLAIM_WAIT_SECONDS = 60.0
 #: Exit status of `qinglong-worker run` when its session was fenced (superseded, expired,
 #: offline): the supervisor should start a fresh process, which registers a new session.
 EXIT_FENCED = 3

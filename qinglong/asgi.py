@@ -2,19 +2,57 @@
 
 The guard enforces the limits the server does not (header count, body size and read deadline,
 requests inside Django at once; ``qinglong.serving``), configured by ``settings.QINGLONG_SERVER``.
+
+Waiting requests (``WAITING_PATHS``: the waiting claim, docs/leases.md "Waiting claims") take
+another road: ``WaitingHandler``, a Django ASGI handler whose only middleware is the async
+access log, so the whole request — and its wait — runs on the event loop. Django's full
+middleware chain has synchronous members (whitenoise, the session and message middleware), and
+one synchronous member makes Django run the whole request, wait included, in a thread. The
+waiting view runs its synchronous services in the bounded pool of ``api.waiting``.
 """
 
 import os
 
 from django.conf import settings
 from django.core.asgi import get_asgi_application
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.exception import convert_exception_to_response
 
+from protocol import wire
 from qinglong.serving import RequestGuard
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qinglong.settings")
-django_application = get_asgi_application()
+django_application = get_asgi_application()  # sets Django up: the app modules import after it
+
+from api.observability import ObservabilityMiddleware  # noqa: E402 - needs the app registry
+
+#: Paths served by ``WaitingHandler``: they hold no request slot while they wait.
+WAITING_PATHS = frozenset({wire.CLAIM_WAIT})
+
+
+class WaitingHandler(ASGIHandler):
+    """Django's ASGI handler with one async middleware (the access log) and no per-request thread.
+
+    Django's handler enters a ``ThreadSensitiveContext`` per request, which gives the request a
+    thread of its own for as long as it lasts; the waiting views run no thread-sensitive code
+    (their services run in ``api.waiting.EXECUTOR``), so that is left out here."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        self._view_middleware: list = []
+        self._template_response_middleware: list = []
+        self._exception_middleware: list = []
+        handler = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
+        self._middleware_chain = convert_exception_to_response(ObservabilityMiddleware(handler))
+
+    async def __call__(self, scope, receive, send):
+        await self.handle(scope, receive, send)
+
+
+waiting_application = WaitingHandler()
 application = RequestGuard(
     django_application,
+    waiting_app=waiting_application,
+    waiting_paths=WAITING_PATHS,
     max_headers=settings.QINGLONG_SERVER["MAX_HEADERS"],
     max_body_bytes=settings.QINGLONG_SERVER["MAX_BODY_BYTES"],
     body_timeout_seconds=settings.QINGLONG_SERVER["BODY_TIMEOUT_SECONDS"],

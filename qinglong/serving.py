@@ -12,6 +12,9 @@
   408 ``request_timeout`` and the connection is closed (a client trickling its body);
 * at most ``QINGLONG_MAX_ACTIVE_REQUESTS`` requests run in Django's synchronous code at once
   per process; the others wait here, with their bodies already read, holding no thread.
+  Waiting requests (``waiting_paths``, the waiting claim) take no slot: they go to
+  ``waiting_app``, which waits on the event loop and runs its synchronous work in a pool of as
+  many threads (``api.waiting``).
 
 The body is read here in full (it is small: the cap above) and replayed to Django, so a slow
 client holds a coroutine and a socket, never a thread or a database connection.
@@ -53,12 +56,16 @@ class RequestGuard:
         self,
         app: ASGIApp,
         *,
+        waiting_app: ASGIApp | None = None,
+        waiting_paths: frozenset[str] = frozenset(),
         max_headers: int,
         max_body_bytes: int,
         body_timeout_seconds: float,
         max_active: int,
     ) -> None:
         self.app = app
+        self.waiting_app = waiting_app
+        self.waiting_paths = waiting_paths
         self.max_headers = max_headers
         self.max_body_bytes = max_body_bytes
         self.body_timeout_seconds = body_timeout_seconds
@@ -76,6 +83,9 @@ class RequestGuard:
             await _refuse(send, refused)
             return
         replay = _Replay(body, receive)
+        if self.waiting_app is not None and scope["path"] in self.waiting_paths:
+            await self.waiting_app(scope, replay, send)
+            return
         if scope["path"] in UNQUEUED_PATHS:
             await self.app(scope, replay, send)
             return

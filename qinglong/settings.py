@@ -302,6 +302,11 @@ QINGLONG = {
     "SUPPORTED_PROTOCOL_VERSIONS": tuple(
         env.list("QINGLONG_SUPPORTED_PROTOCOL_VERSIONS", cast=int, default=[1])
     ),
+    # Waiting claims (docs/leases.md "Waiting claims"): the longest wait the server grants (also
+    # bounded by the session lease less one heartbeat interval), and how often a waiting process
+    # probes the queue for work whose wake-up it missed.
+    "CLAIM_WAIT_MAX_SECONDS": env.float("QINGLONG_CLAIM_WAIT_MAX_SECONDS", default=30.0),
+    "CLAIM_WAIT_RECHECK_SECONDS": env.float("QINGLONG_CLAIM_WAIT_RECHECK_SECONDS", default=2.0),
 }
 
 # --- job output: live logs and artifacts (logs/, actions/logs.py, actions/artifacts.py; docs/logs.md)

@@ -10,6 +10,8 @@ from django.conf import settings as django_settings
 from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
 
+from api.waiting import HUB
+
 CI = os.environ.get("CI", "").lower() == "true"
 
 
@@ -52,6 +54,15 @@ def _fresh_cache():
     yield
     if isinstance(cache, LocMemCache):
         cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _waiting_claims_released():
+    """A test that made requests wait (``api.waiting``) leaves no hub thread and no pool
+    connection behind: they would outlive its database."""
+    yield
+    if HUB.used:
+        HUB.release()
 
 
 @pytest.fixture

@@ -289,3 +289,97 @@ def _heartbeat_statement(
         cancel_requested=tuple(cancel_requested),
         rotation_required=worker.rotation_required,
     )
+
+
+def session_keep_alive(*, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int) -> SessionView:
+    """A waiting claim's heartbeat (docs/sessions.md, "Waiting claims keep the session alive").
+
+    Fenced by session and generation like a claim (``Purpose.LEASE``: a draining session passes).
+    The heartbeat's write rule without the slots: the lease is extended to DB now + TTL once it
+    has used more than half its TTL, else this is a pure read; the version never changes, so a
+    keep-alive never conflicts with a heartbeat or an operator's drain. While the claim waits,
+    :func:`sessions_keep_alive` keeps the lease. Returns the session as a heartbeat answers it
+    (cancellations, rotation).
+
+    Raises: every ``fence_session`` code, ``storage_busy``, ``lock_timeout``.
+    """
+    session = (
+        WorkerSession.objects.select_related("worker")
+        .annotate(db_now=Now())
+        .filter(pk=session_id, worker_id=worker_id)
+        .first()
+    )
+    if session is None:
+        worker = Worker.objects.filter(pk=worker_id).first()
+        if worker is None:
+            raise DomainError("worker_not_found", "no such worker")
+        check_session(
+            worker, None, generation=generation, expected_version=None, now=db_now(), purpose=Purpose.LEASE
+        )
+        raise AssertionError("check_session accepts no missing session")
+    now = session.db_now
+    check_session(
+        session.worker, session, generation=generation, expected_version=None, now=now, purpose=Purpose.LEASE
+    )
+    view = SessionView(session=session, server_time=now)
+    if _lease_needs_extension(session, now):
+        view = _keep_alive_write(worker_id=worker_id, session_id=session_id, generation=generation)
+    return SessionView(
+        session=view.session,
+        server_time=view.server_time,
+        cancel_requested=tuple(cancel_requested_attempt_ids(session_id)),
+        rotation_required=session.worker.rotation_required,
+    )
+
+
+@write_path
+def _keep_alive_write(*, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int) -> SessionView:
+    """The keep-alive's write, under the worker lock: extend the lease to DB now + TTL."""
+    fenced = lock_and_fence(
+        worker_id=worker_id,
+        session_id=session_id,
+        generation=generation,
+        expected_version=None,
+        purpose=Purpose.LEASE,
+    )
+    session, now = fenced.session, fenced.now
+    changed = WorkerSession.objects.filter(
+        pk=session.pk, generation=generation, state__in=LIVE_SESSION_STATES, lease_expires_at__gt=now
+    ).update(lease_expires_at=now + session_lease_ttl())
+    if changed != 1:
+        raise DomainError("session_expired", "the session lease lapsed", field="sessionId")
+    session.refresh_from_db()
+    return SessionView(session=session, server_time=now)
+
+
+#: Session ids per statement of :func:`sessions_keep_alive` (SQLite bounds a statement's size).
+KEEP_ALIVE_CHUNK = 500
+
+
+@write_path
+def sessions_keep_alive(*, sessions: list[tuple[uuid.UUID, int]]) -> int:
+    """Keep the sessions of held waiting claims alive: one statement per 500 of them.
+
+    ``sessions``: (session id, generation) of each waiting claim a server process holds (its
+    worker is connected and waiting). Every session still live (online or draining), of that
+    generation and not yet lapsed is extended to DB now + TTL once less than half its TTL is left;
+    an ended, replaced or lapsed one is never touched (the ``UPDATE … WHERE`` is the fence), nor
+    its version. Called every half heartbeat interval by ``api.waiting``. Returns rows extended.
+    """
+    if not sessions:
+        return 0
+    now = db_now()
+    by_generation: dict[int, list[uuid.UUID]] = {}
+    for session_id, generation in sessions:
+        by_generation.setdefault(generation, []).append(session_id)
+    extended = 0
+    for generation, ids in sorted(by_generation.items()):
+        for start in range(0, len(ids), KEEP_ALIVE_CHUNK):
+            extended += WorkerSession.objects.filter(
+                pk__in=ids[start : start + KEEP_ALIVE_CHUNK],
+                generation=generation,
+                state__in=LIVE_SESSION_STATES,
+                lease_expires_at__gt=now,
+                lease_expires_at__lt=now + session_lease_ttl() / 2,
+            ).update(lease_expires_at=now + session_lease_ttl())
+    return extended

@@ -7,10 +7,15 @@ from rest_framework import serializers
 from actions.leases.activation import START_FAILURES
 from actions.leases.completion import OUTCOMES
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
-from api.workers.serializers import FenceSerializer
+from api.workers.serializers import FenceSerializer, SessionOutSerializer
 from leases.offers import Offer
 from leases.tokens import TOKEN
-from protocol.wire import MAX_OFFERS_PER_CLAIM, OUTPUT_TAIL_BYTES
+from protocol.wire import (
+    MAX_CLAIM_WAIT_SECONDS,
+    MAX_OFFERS_PER_CLAIM,
+    MAX_WATCHED_ATTEMPTS,
+    OUTPUT_TAIL_BYTES,
+)
 
 
 class LeaseTokenField(StrictCharField):
@@ -138,3 +143,32 @@ def offer_out(offer: Offer) -> dict:
         "lease": lease_out(offer.lease, offer.renew_interval_seconds),
         "execution": offer.execution,
     }
+
+
+class WaitSecondsField(serializers.FloatField):
+    """Seconds as a JSON number (integer or fraction; no strings or booleans)."""
+
+    def to_internal_value(self, data):
+        if type(data) not in (int, float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class ClaimWaitSerializer(FenceSerializer):
+    """The waiting claim (docs/leases.md "Waiting claims"): offers may be empty (a watch only)."""
+
+    offers = OfferRequestSerializer(  # type: ignore[call-arg]
+        many=True, max_length=MAX_OFFERS_PER_CLAIM, allow_empty=True
+    )
+    watch = serializers.ListField(
+        child=StrictUUIDField(), max_length=MAX_WATCHED_ATTEMPTS, required=False, default=list
+    )
+    waitSeconds = WaitSecondsField(min_value=0, max_value=MAX_CLAIM_WAIT_SECONDS)
+
+
+class ClaimWaitOutSerializer(serializers.Serializer):
+    offers = OfferOutSerializer(many=True)
+    cancelRequested = serializers.ListField(child=serializers.UUIDField())
+    waitSeconds = serializers.FloatField(help_text="the wait the server granted")
+    ended = serializers.ChoiceField(choices=["offers", "cancel", "timeout", "shutdown"])
+    session = SessionOutSerializer()

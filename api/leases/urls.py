@@ -2,7 +2,7 @@ from django.urls import path
 
 from protocol import wire
 
-from . import views
+from . import views, waiting
 
 
 def _route(full_path: str) -> str:
@@ -11,6 +11,7 @@ def _route(full_path: str) -> str:
 
 urlpatterns = [
     path(_route(wire.CLAIM), views.ClaimView.as_view(), name="worker-claim"),
+    path(_route(wire.CLAIM_WAIT), waiting.claim_wait, name="worker-claim-wait"),
     path(_route(wire.LEASE_STARTING), views.StartingView.as_view(), name="worker-lease-starting"),
     path(_route(wire.LEASE_RUNNING), views.RunningView.as_view(), name="worker-lease-running"),
     path(_route(wire.LEASE_START_FAILED), views.StartFailedView.as_view(), name="worker-lease-start-failed"),

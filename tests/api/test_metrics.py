@@ -108,7 +108,8 @@ def test_the_series_move_when_a_real_agent_claims_and_completes_a_run(tmp_path):
         )
         == 1
     )
-    assert moved("qinglong_http_request_duration_seconds_count", endpoint="/api/v1/worker/claim") >= 1
+    # The agent claims by waiting claims by default (docs/leases.md "Waiting claims").
+    assert moved("qinglong_http_request_duration_seconds_count", endpoint="/api/v1/worker/claim/wait") >= 1
     assert moved("qinglong_sweep_duration_seconds_count") >= 1  # written by the sweep loop's process
     assert after[("qinglong_workers", (("state", "active"),))] == 1
     assert after[("qinglong_leases_active", (("state", "running"),))] == 0

@@ -27,10 +27,10 @@ from django.core.management.base import BaseCommand, CommandError
 from granian.constants import HTTPModes, Interfaces
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
-from granian.server import Server
+from granian.server import MPServer
 
 from actions.sweeps import loop
-from core.conf import is_cluster
+from core.conf import SERVE_STOP_FILE_VARIABLE, is_cluster
 
 log = logging.getLogger("qinglong.serve")
 
@@ -79,6 +79,17 @@ def claim_port(host: str, port: int) -> IO[str]:
     return lock
 
 
+class _Server(MPServer):
+    """Granian's (multi-process) server, which first tells its server processes that it is
+    stopping: Granian waits for open requests before it stops, and a waiting claim would hold it
+    up to its bound. The file ``QINGLONG_SERVE_STOP_FILE`` names appears; ``api.waiting`` sees it
+    and ends the waits."""
+
+    def signal_handler_interrupt(self, *args, **kwargs):
+        Path(os.environ[SERVE_STOP_FILE_VARIABLE]).touch()
+        super().signal_handler_interrupt(*args, **kwargs)
+
+
 class Command(BaseCommand):
     help = "Serve the control plane (Granian, ASGI) with the in-process sweep loop."
 
@@ -108,7 +119,13 @@ class Command(BaseCommand):
         # Server processes start fresh (spawn), never as a fork of this one: the sweep thread
         # and its database connection must not be copied into them mid-flight.
         multiprocessing.set_start_method("spawn", force=True)
-        server = Server(
+        # Read by api.waiting in the server processes (they inherit this environment).
+        stop_file = (
+            Path(tempfile.gettempdir()) / f"qinglong-serve-{options['host']}-{options['port']}.stopping"
+        )
+        stop_file.unlink(missing_ok=True)
+        os.environ[SERVE_STOP_FILE_VARIABLE] = str(stop_file)
+        server = _Server(
             "qinglong.asgi:application",
             address=options["host"],
             port=options["port"],
@@ -150,4 +167,5 @@ class Command(BaseCommand):
             server.serve()
         finally:
             stop.set()
+            stop_file.unlink(missing_ok=True)
             held.close()

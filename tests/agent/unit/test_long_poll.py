@@ -1,0 +1,126 @@
+"""The agent's waiting claims without a server (docs/leases.md "Waiting claims"): what it sends,
+what it does with the answer, and its fallback to short polling against an older control plane
+(which answers ``claim/wait`` with the API's 404 ``not_found``)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from agent.client import ApiError, TransportError
+from agent.runtime import Agent, Settings
+from agent.session import Session
+from agent.state import Credential, StateDir
+from protocol import wire
+
+
+class FakeClient:
+    """Answers from a script per path; records each call with its keyword arguments."""
+
+    def __init__(self, script: dict[str, list]) -> None:
+        self.script = script
+        self.calls: list[tuple[str, dict, dict]] = []
+        self.interrupted = 0
+
+    def post(self, path, body, **kwargs):
+        self.calls.append((path, body, kwargs))
+        outcome = self.script[path].pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def interrupt(self):
+        self.interrupted += 1
+
+
+def session_answer(**changes) -> dict:
+    return {
+        "workerId": "0190",
+        "sessionId": "s-1",
+        "generation": 1,
+        "version": 3,
+        "state": "online",
+        "maxConcurrentRuns": 1,
+        "availableSlots": 1,
+        "capabilitiesSha256": "0" * 64,
+        "leaseExpiresAt": "2026-01-01T00:00:30Z",
+        "heartbeatIntervalSeconds": 10,
+        "nextHeartbeatAt": "2026-01-01T00:00:10Z",
+        "serverTime": "2026-01-01T00:00:00Z",
+        "replacedSession": False,
+        "cancelRequested": [],
+        "rotationRequired": False,
+        **changes,
+    }
+
+
+def make_agent(tmp_path: Path, script: dict[str, list], **settings) -> tuple[Agent, FakeClient]:
+    state = StateDir(tmp_path / "state")
+    credential = Credential("http://127.0.0.1:8600", "0190", "edge", "wkc_1")
+    state.save(credential, Ed25519PrivateKey.generate())
+    client = FakeClient(script)
+    agent = Agent(client, credential, state, Settings(backoff_max=0.01, **settings))  # type: ignore[arg-type]
+    agent.session = Session("s-1", 1, 2, "online", heartbeat_interval=10, lease_seconds=30)
+    return agent, client
+
+
+def test_a_waiting_claim_offers_each_free_slot_asks_for_its_wait_and_adopts_the_session(tmp_path):
+    answer = {
+        "offers": [],
+        "cancelRequested": [],
+        "waitSeconds": 25.0,
+        "ended": "timeout",
+        "session": session_answer(version=7),
+    }
+    agent, client = make_agent(tmp_path, {wire.CLAIM_WAIT: [answer]}, max_concurrent=3, wait_seconds=40)
+    assert agent.claims.wait_once() == 0
+    path, body, kwargs = client.calls[0]
+    assert path == wire.CLAIM_WAIT
+    assert len(body["offers"]) == 3 and body["watch"] == [] and body["waitSeconds"] == 40
+    assert kwargs["interruptible"] is True and kwargs["timeout"] > 40  # the socket outlasts the wait
+    assert agent.claims.granted == 25.0
+    assert agent.session.version == 7  # the wait's session answer was adopted like a heartbeat's
+
+
+def test_an_older_control_plane_gets_short_polls_from_then_on(tmp_path):
+    older = ApiError(404, "not_found", "no such endpoint")
+    agent, client = make_agent(
+        tmp_path, {wire.CLAIM_WAIT: [older], wire.CLAIM: [{"offers": [], "pollAfterSeconds": 1.0}] * 3}
+    )
+    stop = threading.Timer(2.5, agent.shutdown_requested.set)
+    stop.start()
+    agent.claims.loop()  # until the timer requests shutdown
+    stop.cancel()
+    paths = [path for path, _, _ in client.calls]
+    assert paths[0] == wire.CLAIM_WAIT
+    assert paths[1:] and set(paths[1:]) == {wire.CLAIM}  # never asked to wait again
+    assert agent.claims.long_poll is False
+
+
+def test_with_no_slot_free_the_wait_only_watches_and_a_finished_runner_cuts_it_short(tmp_path):
+    agent, client = make_agent(tmp_path, {}, max_concurrent=1)
+
+    class Busy:
+        cancelling = False
+
+    agent._runners["a-1"] = Busy()  # type: ignore[assignment]
+    answered = threading.Event()
+
+    def post(path, body, **kwargs):
+        client.calls.append((path, body, kwargs))
+        answered.wait(10)  # held until interrupted
+        raise TransportError("interrupted")
+
+    client.post = post  # type: ignore[method-assign]
+    client.interrupt = answered.set  # type: ignore[method-assign]
+    waiting = threading.Thread(target=agent.claims.wait_once)
+    waiting.start()
+    while not client.calls:
+        threading.Event().wait(0.01)
+    body = client.calls[0][1]
+    assert body["offers"] == [] and body["watch"] == ["a-1"]
+    agent.runner_done("a-1")  # the slot is free: the watch is cut short at once
+    waiting.join(5)
+    assert not waiting.is_alive()

@@ -1,0 +1,237 @@
+"""Waiting claims (docs/leases.md "Waiting claims"): the keep-alives, the wake-ups sent on commit,
+and a waiting claim over HTTP racing a session replacement, a drain and a revocation.
+
+The races are real: the waiting claim is an HTTP request to the live server (its own thread and
+database connection), and the fencing act runs on this thread at the same time as work is
+enqueued on a third; whatever interleaving happens, the wait must end fenced having claimed
+nothing for the old session.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import close_old_connections, connection
+
+from actions.runs import run_cancel
+from actions.sessions.heartbeat import session_keep_alive, sessions_keep_alive
+from actions.workers import worker_drain, worker_revoke
+from api.waiting import HUB
+from core import wakeups
+from core.db import db_now
+from leases.models import RunDispatchLease
+from protocol import wire
+from protocol.signing import sign_request
+from protocol.strictjson import dumps
+from tests.agent.processes import wait_for
+from tests.helpers import OfferTicket, enqueue, enrolled_worker, make_revision, register
+from tests.leases.flows import claim_one, running, starting
+from workers.models import WorkerSession
+
+# --- keep-alives (service level) ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_keep_alive_extends_only_past_half_the_lease_and_never_moves_the_version():
+    session = register(enrolled_worker())
+    row = WorkerSession.objects.get(pk=session.session_id)
+    view = session_keep_alive(
+        worker_id=session.worker.worker_id, session_id=session.session_id, generation=session.generation
+    )
+    assert WorkerSession.objects.get(pk=session.session_id).lease_expires_at == row.lease_expires_at
+    assert view.session.version == row.version
+    # Past half its life: extended to now + TTL, version unchanged.
+    WorkerSession.objects.filter(pk=row.pk).update(lease_expires_at=db_now() + timedelta(seconds=5))
+    view = session_keep_alive(
+        worker_id=session.worker.worker_id, session_id=session.session_id, generation=session.generation
+    )
+    fresh = WorkerSession.objects.get(pk=session.session_id)
+    assert fresh.lease_expires_at - db_now() > timedelta(seconds=20)
+    assert fresh.version == row.version == view.session.version
+
+
+@pytest.mark.django_db
+def test_the_waiting_sessions_keep_alive_never_touches_an_ended_or_replaced_session():
+    worker = enrolled_worker()
+    old = register(worker)
+    new = register(worker)  # replaces (fences) the old session
+    soon = db_now() + timedelta(seconds=5)
+    WorkerSession.objects.filter(pk__in=[old.session_id, new.session_id]).update(lease_expires_at=soon)
+    extended = sessions_keep_alive(
+        sessions=[(old.session_id, old.generation), (new.session_id, new.generation - 1)]
+    )
+    assert extended == 0  # the fenced one, and the live one under a wrong generation
+    assert sessions_keep_alive(sessions=[(new.session_id, new.generation)]) == 1
+    assert WorkerSession.objects.get(pk=old.session_id).lease_expires_at == soon
+    assert WorkerSession.objects.get(pk=new.session_id).lease_expires_at > soon
+
+
+# --- wake-ups on commit ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wake_ups_are_sent_on_commit_for_enqueue_cancel_and_a_drain():
+    heard: list[str] = []
+    if connection.vendor == "postgresql":
+        params = connection.get_connection_params()
+        for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+            params.pop(key, None)
+        listener = psycopg.connect(**params, autocommit=True)
+        listener.execute(f"LISTEN {wakeups.CHANNEL}")
+
+        def collect() -> list[str]:
+            heard.extend(n.payload for n in listener.notifies(timeout=0.2, stop_after=100))
+            return heard
+
+    else:
+        wakeups.subscribe(heard.append)
+
+        def collect() -> list[str]:
+            return heard
+
+    try:
+        session = register(enrolled_worker())
+        revision = make_revision()
+        run = enqueue(revision)
+        wait_for(
+            lambda: wakeups.WORK_PREFIX + revision.placement_sha256 in collect(), 10, "the enqueue wake-up"
+        )
+        held = claim_one(session)
+        starting(held)
+        running(held)
+        heard.clear()
+        run_cancel(run_id=run.pk)
+        worker_wake = wakeups.WORKER_PREFIX + str(session.worker.worker_id)
+        wait_for(lambda: worker_wake in collect(), 10, "the cancel wake-up")
+        heard.clear()
+        worker_drain(worker_id=session.worker.worker_id)
+        wait_for(lambda: worker_wake in collect(), 10, "the drain wake-up")
+    finally:
+        if connection.vendor == "postgresql":
+            listener.close()
+        else:
+            wakeups.unsubscribe(heard.append)
+
+
+# --- a waiting claim over HTTP racing a fence ---------------------------------------------------
+
+
+def wait_request(server_url: str, session, *, wait: float, offers: int = 1) -> tuple[int, dict]:
+    """One signed waiting claim of ``session`` to ``server_url``: (status, answer)."""
+    tickets = [OfferTicket() for _ in range(offers)]
+    body = {
+        **session.fence(),
+        "offers": [{"offerId": str(t.offer_id), "leaseToken": t.token} for t in tickets],
+        "watch": [],
+        "waitSeconds": wait,
+    }
+    raw = dumps(body)
+    headers = sign_request(
+        method="POST",
+        path=wire.CLAIM_WAIT,
+        body=raw,
+        key_id=session.worker.credential_id,
+        private_key=session.worker.key,
+    )
+    request = urllib.request.Request(
+        server_url + wire.CLAIM_WAIT,
+        data=raw,
+        headers={"Content-Type": "application/json", **headers},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=wait + 30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _fence_by(act: str, session) -> None:
+    worker_id = session.worker.worker_id
+    if act == "replacement":
+        register(session.worker)
+    elif act == "drain":
+        worker_drain(worker_id=worker_id)
+    else:
+        worker_revoke(worker_id=worker_id)
+
+
+EXPECTED = {
+    "replacement": "session_superseded",
+    "drain": "session_draining",
+    "revocation": "worker_revoked",
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("act", sorted(EXPECTED))
+def test_a_waiting_claim_racing_a_fence_ends_fenced_and_claims_nothing(live_server, act):
+    session = register(enrolled_worker())
+    revision = make_revision()
+    answers: list[tuple[int, dict]] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(wait_request(live_server.url, session, wait=20)), daemon=True
+    )
+    waiting.start()
+    wait_for(lambda: HUB.count >= 1, 20, "the waiting claim to wait")
+    go = threading.Barrier(2)
+
+    def enqueue_work() -> None:
+        go.wait()
+        try:
+            enqueue(revision)
+        finally:
+            close_old_connections()
+
+    enqueuer = threading.Thread(target=enqueue_work, daemon=True)
+    enqueuer.start()
+    go.wait()
+    _fence_by(act, session)  # at the same moment as the enqueue's wake-up
+    enqueuer.join(30)
+    waiting.join(30)
+    assert answers, "the waiting claim did not answer"
+    status, body = answers[0]
+    assert body.get("code") == EXPECTED[act], body
+    assert status >= 400
+    assert not RunDispatchLease.objects.filter(session_id=session.session_id).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_claim_answers_work_enqueued_while_it_waits_and_keeps_its_nonce_once(live_server):
+    session = register(enrolled_worker())
+    answers: list[tuple[int, dict]] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(wait_request(live_server.url, session, wait=20)), daemon=True
+    )
+    waiting.start()
+    wait_for(lambda: HUB.count >= 1, 20, "the waiting claim to wait")
+    sent = time.monotonic()
+    enqueue(make_revision())
+    waiting.join(30)
+    elapsed = time.monotonic() - sent
+    status, body = answers[0]
+    assert status == 200, body
+    assert body["ended"] == "offers" and len(body["offers"]) == 1
+    assert 18 <= body["waitSeconds"] <= 20  # the bound asked for, less its jitter (≤ 10 %)
+    assert body["session"]["sessionId"] == str(session.session_id)
+    assert elapsed < 10  # the wake-up, not the 20 s bound and not the slow re-check
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_claim_with_nothing_to_do_answers_at_its_bound(live_server, protocol_settings):
+    protocol_settings(CLAIM_WAIT_MAX_SECONDS=1.5)
+    session = register(enrolled_worker())
+    started = time.monotonic()
+    status, body = wait_request(live_server.url, session, wait=30)
+    elapsed = time.monotonic() - started
+    assert status == 200, body
+    assert body["ended"] == "timeout" and body["offers"] == []
+    assert 1.35 <= body["waitSeconds"] <= 1.5  # the server's bound (less its jitter), told to the worker
+    assert body["waitSeconds"] - 0.1 <= elapsed < 15
