@@ -29,11 +29,11 @@ through (:func:`end_processes`). The guard ignores SIGTERM itself and exits the 
 (``setsid``, a daemonising double fork). On Linux the guard is a *child subreaper*
 (``prctl(PR_SET_CHILD_SUBREAPER)``): every process of the job's tree whose parent exits is
 re-parented to the guard instead of to init, so the guard finds them all by walking its tree
-(``/proc/<pid>/task/<tid>/children``, quick enough to freeze a process that keeps changing its
-pid even on a busy machine, then ``/proc/<pid>/stat`` parent links), and reaps them. The agent also tags the job's
-environment with a per-job cookie (``QINGLONG_JOB_COOKIE``), which every process of the job
-inherits wherever it goes; the guard — and the agent, after the guard has exited, in case the
-job killed its guard — also ends every process that carries it (the technique of Jenkins'
+(``/proc/<pid>/task/<tid>/children``, quick enough to freeze a process that keeps changing its pid
+even on a busy machine, then ``/proc/<pid>/stat`` parent links), and reaps them. The agent also
+tags the job's environment with a per-job cookie (``QINGLONG_JOB_COOKIE``), which every process of
+the job inherits wherever it goes; the guard — and the agent, after the guard has exited, in case
+the job killed its guard — also ends every process that carries it (the technique of Jenkins'
 process tree killer). The guard is not dumpable, so a job running as the same (non-root) user
 cannot open the guard's pipe through ``/proc``.
 
