@@ -13,6 +13,7 @@ from audit.models import ActorType
 from core.conf import protocol
 from core.db import write_path
 from core.errors import DomainError
+from core.wakeups import CHANNEL, WORK_PREFIX, WORKER_PREFIX
 from leases.fence import (
     AckResult,
     check_lease_version,
@@ -149,7 +150,17 @@ def lease_release(
     return AckResult("released", ctx.lease, ctx.run.cancel_requested_at is not None, renew_interval())
 
 
-_RELEASE_SQL = "SELECT ql_lease_release(%s, %s, %s, %s, %s, %s, %s, %s::interval)"
+_RENEW_SQL = "SELECT ql_lease_release(%s, %s, %s, %s, %s, %s, %s, %s::interval)"
+#: A release also wakes waiting claims (``core.wakeups``) in the same round trip: the worker's own
+#: (capacity freed) and those that can run the attempt, back in the queue. Sent even when the
+#: function leaves the answer to Python (a refusal): a wake-up is a hint, and a spurious one costs
+#: one re-check; the Python path sends its own when it settles.
+_RELEASE_SQL = (
+    "SELECT ql_lease_release(%s, %s, %s, %s, %s, %s, %s, %s::interval),"
+    f" pg_notify('{CHANNEL}', '{WORKER_PREFIX}' || %s::text),"
+    f" (SELECT pg_notify('{CHANNEL}', '{WORK_PREFIX}' || a.placement_sha256)"
+    "    FROM runs_runattempt a WHERE a.id = %s)"
+)
 
 
 def _in_database(
@@ -179,7 +190,10 @@ def _in_database(
             lease_version,
             renew_by,
         ]
-        cursor.execute(_RELEASE_SQL, params)
+        if renew_by is None:
+            cursor.execute(_RELEASE_SQL, [*params, worker_id, attempt_id])
+        else:
+            cursor.execute(_RENEW_SQL, params)
         answer = cursor.fetchone()[0]
     if isinstance(answer, str):
         answer = json.loads(answer)
