@@ -19,6 +19,14 @@ class RetrySerializer(StrictSerializer):
     lostRetry = serializers.ChoiceField(choices=LostRetry.values, default=LostRetry.NEVER)
     backoffSeconds = StrictIntegerField(min_value=1, max_value=86400, default=10)
     backoffMaxSeconds = StrictIntegerField(min_value=1, max_value=86400, default=300)
+    lostAfterSeconds = StrictIntegerField(
+        min_value=0,
+        max_value=86400,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="hard deadline past a run lease's expiry (docs/leases.md); null: the server default",
+    )
 
 
 class RevisionInSerializer(StrictSerializer):
@@ -49,6 +57,7 @@ class RevisionInSerializer(StrictSerializer):
             lost_retry=retry["lostRetry"],
             retry_backoff_seconds=retry["backoffSeconds"],
             retry_backoff_max_seconds=retry["backoffMaxSeconds"],
+            lost_after_seconds=retry.get("lostAfterSeconds"),
         )
 
 
@@ -99,6 +108,7 @@ class RevisionDetailSerializer(RevisionOutSerializer):
     placement = serializers.SerializerMethodField(help_text="the normalised PlacementSpec")
     retryOn = serializers.JSONField(source="retry_on")
     lostRetry = serializers.CharField(source="lost_retry")
+    lostAfterSeconds = serializers.IntegerField(source="effective_lost_after_seconds")
     createdAt = serializers.DateTimeField(source="created_at")
 
     def get_envNames(self, revision) -> list[str]:

@@ -80,7 +80,14 @@ def test_answer_keys_are_the_serializer_fields(path):
 
 def test_the_execution_spec_keys_are_what_a_claim_hands_out():
     revision = SimpleNamespace(
-        pk=1, number=1, executor="shell", command="true", env={}, timeout_seconds=5, spec_sha256="0" * 64
+        pk=1,
+        number=1,
+        executor="shell",
+        command="true",
+        env={},
+        timeout_seconds=5,
+        spec_sha256="0" * 64,
+        effective_lost_after_seconds=0,
     )
     run = SimpleNamespace(pk=2, task_id=3, revision=revision)
     assert set(execution_spec(run, SimpleNamespace(pk=4, number=1))) == set(m.ExecutionSpec.__annotations__)

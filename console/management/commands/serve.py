@@ -29,8 +29,9 @@ from granian.http import HTTP1Settings
 from granian.log import LogLevels
 from granian.server import Server
 
+from actions.liveness import beat_loop
 from actions.sweeps import loop
-from core.conf import is_cluster
+from core.conf import is_cluster, protocol
 
 log = logging.getLogger("qinglong.serve")
 
@@ -132,6 +133,11 @@ class Command(BaseCommand):
             respawn_failed_workers=False,
         )
         stop = threading.Event()
+        # Every replica beats the control plane's liveness row while it can serve (docs/leases.md,
+        # Outages): the sweeps excuse what lapsed while no replica could.
+        threading.Thread(
+            target=beat_loop, args=(stop, protocol().liveness_beat_seconds), name="liveness-beat", daemon=True
+        ).start()
         sweeping = not options["no_sweep"] and (options["sweep"] or not is_cluster())
         if sweeping:
             threading.Thread(
