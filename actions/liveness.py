@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 
 from django.core.cache import cache
 from django.db import close_old_connections
@@ -54,15 +55,21 @@ def beat_once() -> bool:
         return False
     finally:
         close_old_connections()
-    if ended_outage:
-        log.warning(
+    if ended_outage:  # a restart is one too: routine, so INFO (the dependency lines are WARNINGs)
+        log.info(
             "the control plane serves again after an outage: lapses during it are excused for a grace window"
         )
     return True
 
 
-def beat_loop(stop: threading.Event, interval_seconds: float) -> None:
-    """Beat every ``interval_seconds`` until ``stop`` is set (one thread per serving process)."""
+def beat_loop(
+    stop: threading.Event, interval_seconds: float, serving: Callable[[], bool] = lambda: True
+) -> None:
+    """Beat every ``interval_seconds`` until ``stop`` is set (one thread per serving process).
+
+    ``serving()`` False — the server was told to shut down and no longer takes requests — stops
+    the beats at once, so a replica that is going away is not counted as serving meanwhile."""
     while not stop.is_set():
-        beat_once()
+        if serving():
+            beat_once()
         stop.wait(interval_seconds)

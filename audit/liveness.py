@@ -7,10 +7,11 @@ row, :func:`expiry_cutoff` tells the expiry sweeps and the fences which lapses c
 * no row at all (no serving process ever beat here: a test, a bare ``manage.py sweep``): every
   lapse counts, as before;
 * the control plane is not serving now (no beat for ``OUTAGE_AFTER_SECONDS``: every replica down,
-  or its database or cache unreachable from them): only lapses before the last beat count — what
-  lapsed since could not have been prevented by the worker;
+  or its database or cache unreachable from them): only lapses before the last beat (less one beat
+  interval: the last beat may follow the last answered request by that much) count — what lapsed
+  since could not have been prevented by the worker;
 * it serves again after such a gap, and the grace window (``OUTAGE_GRACE_SECONDS`` from the first
-  beat after the gap) is still open: only lapses before the outage began count;
+  beat after the gap) is still open: only lapses before the outage began (same margin) count;
 * otherwise every lapse counts.
 
 A session or run lease that lapsed after the cutoff is neither settled by a sweep nor refused by a
@@ -61,12 +62,14 @@ def expiry_cutoff(now: datetime) -> datetime:
     if row is None:
         return now
     settings = protocol()
+    # The last beat may follow the last answered request by up to one beat interval.
+    margin = timedelta(seconds=settings.liveness_beat_seconds)
     if now - row.beat_at > timedelta(seconds=settings.outage_after_seconds):
-        return min(now, row.beat_at)
+        return min(now, row.beat_at - margin)
     if row.outage_began_at is not None and now < row.serving_since + timedelta(
         seconds=settings.outage_grace_seconds
     ):
-        return min(now, row.outage_began_at)
+        return min(now, row.outage_began_at - margin)
     return now
 
 

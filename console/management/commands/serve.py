@@ -55,6 +55,15 @@ def forget_dead_processes(directory: Path) -> int:
     return removed
 
 
+def _stop_when_told(server: Server, stop: threading.Event) -> None:
+    """Stop the sweep loop and the liveness beat as soon as Granian is told to shut down (SIGTERM,
+    SIGINT): a replica that is going away neither settles nor counts as serving meanwhile
+    (docs/leases.md, Outages)."""
+    while not stop.wait(0.1):
+        if server.interrupt_signal:
+            stop.set()
+
+
 def claim_port(host: str, port: int) -> IO[str]:
     """Make ``host:port`` this server's, or raise CommandError; keep the returned file open.
 
@@ -136,7 +145,10 @@ class Command(BaseCommand):
         # Every replica beats the control plane's liveness row while it can serve (docs/leases.md,
         # Outages): the sweeps excuse what lapsed while no replica could.
         threading.Thread(
-            target=beat_loop, args=(stop, protocol().liveness_beat_seconds), name="liveness-beat", daemon=True
+            target=beat_loop,
+            args=(stop, protocol().liveness_beat_seconds, lambda: not server.interrupt_signal),
+            name="liveness-beat",
+            daemon=True,
         ).start()
         sweeping = not options["no_sweep"] and (options["sweep"] or not is_cluster())
         if sweeping:
@@ -152,6 +164,9 @@ class Command(BaseCommand):
             options["workers"],
             "in-process" if sweeping else "elsewhere",
         )
+        threading.Thread(
+            target=_stop_when_told, args=(server, stop), name="shutdown-watch", daemon=True
+        ).start()
         try:
             server.serve()
         finally:
