@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -328,3 +329,61 @@ def invariants(pg: PrivatePostgres) -> dict[str, int]:
         "double_executions": overlapping,
         "unfinished": unfinished,
     }
+
+
+class TcpProxy:
+    """A TCP proxy on ``port`` to ``target_port`` whose traffic can be dropped: while
+    :attr:`partitioned` is set, bytes in both directions are swallowed (connections stay open, no
+    answer comes back — a network partition, not a refused connection)."""
+
+    def __init__(self, port: int, target_port: int) -> None:
+        self.port, self.target_port = port, target_port
+        self.partitioned = threading.Event()
+        self._stop = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", port), reuse_port=False)
+        self._server.settimeout(0.2)
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        source.settimeout(0.5)
+        while not self._stop.is_set():
+            try:
+                data = source.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            if self.partitioned.is_set():
+                continue  # dropped on the floor
+            try:
+                sink.sendall(data)
+            except OSError:
+                break
+        for sock in (source, sink):
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.close()
