@@ -22,14 +22,17 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from protocol import wire
 from protocol.signing import sign_request
 from protocol.strictjson import dumps
-from tests.helpers import Enrolled
+
+if TYPE_CHECKING:  # tests.helpers imports Django models; bench/chaos.py imports this before setup
+    from tests.helpers import Enrolled
 
 
 @dataclass
@@ -88,6 +91,8 @@ class Fleet:
         self.backoff_max = backoff_max
         self.timeout = timeout
         self.calls: list[Call] = []
+        #: every try's answer: (HTTP status, code), status 0 for no answer, code ``html`` for a page
+        self.answers: Counter[tuple[int, str]] = Counter()
         self._finishing = False
         self._stop = threading.Event()
         self._lock = threading.Condition()
@@ -214,6 +219,8 @@ class Fleet:
         sent = time.monotonic()
         status, answer = self._post(worker, path, body)
         answered = time.monotonic()
+        with self._lock:
+            self.answers[(status, str(answer.get("code", "")) if status >= 400 else "")] += 1
         first = first or sent
         if status == 0 or status >= 500 or status == 429:
             delay = min(self.backoff_max, 0.5 * 2 ** (tries - 1))
