@@ -19,6 +19,7 @@ import os
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -55,12 +56,12 @@ def forget_dead_processes(directory: Path) -> int:
     return removed
 
 
-def _stop_when_told(server: Server, stop: threading.Event) -> None:
-    """Stop the sweep loop and the liveness beat as soon as Granian is told to shut down (SIGTERM,
-    SIGINT): a replica that is going away neither settles nor counts as serving meanwhile
-    (docs/leases.md, Outages)."""
+def _stop_when_told(told: Callable[[], bool], stop: threading.Event) -> None:
+    """Stop the sweep loop and the liveness beat as soon as ``told()`` — Granian was told to shut
+    down (SIGTERM, SIGINT): a replica that is going away neither settles nor counts as serving
+    meanwhile (docs/leases.md, Outages)."""
     while not stop.wait(0.1):
-        if server.interrupt_signal:
+        if told():
             stop.set()
 
 
@@ -142,11 +143,15 @@ class Command(BaseCommand):
             respawn_failed_workers=False,
         )
         stop = threading.Event()
+
+        def told_to_stop() -> bool:
+            return bool(server.interrupt_signal)
+
         # Every replica beats the control plane's liveness row while it can serve (docs/leases.md,
         # Outages): the sweeps excuse what lapsed while no replica could.
         threading.Thread(
             target=beat_loop,
-            args=(stop, protocol().liveness_beat_seconds, lambda: not server.interrupt_signal),
+            args=(stop, protocol().liveness_beat_seconds, lambda: not told_to_stop()),
             name="liveness-beat",
             daemon=True,
         ).start()
