@@ -159,16 +159,11 @@ def server_error(request: HttpRequest) -> HttpResponse:
     or the authentication path before DRF's handler could see it — answers 503 with its code and
     ``Retry-After``: JSON on the API, a plain-text page for the admin and everything else; it is
     not logged again (one line per dependency state change). Anything else is a bug and stays a
-    500 with Django's log line: a JSON body on the API, Django's page elsewhere.
+    500 with Django's log line and page (the agent retries it like no answer).
     """
     exc = sys.exc_info()[1]
     outage = dependency_error(exc) if exc is not None else None
     if outage is None:
-        if request.path.startswith("/api/"):
-            return JsonResponse(
-                {"code": "internal_error", "message": "an unexpected error; it was logged", "field": None},
-                status=500,
-            )
         return defaults.server_error(request)
     response: HttpResponse
     if request.path.startswith("/api/"):

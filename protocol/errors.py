@@ -116,11 +116,6 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "lock_timeout": ErrorSpec(
         503, "A row lock was not granted within the lock timeout; retry later.", WorkerAction.RETRY
     ),
-    "internal_error": ErrorSpec(
-        500,
-        "An unexpected error on the control plane (a bug; it was logged). Retried like no answer.",
-        WorkerAction.RETRY,
-    ),
     "database_unavailable": ErrorSpec(
         503,
         "The control plane cannot reach its database (docs/leases.md, Outages); retry after Retry-After.",

@@ -87,13 +87,11 @@ def test_the_agent_uses_the_derived_sets():
 
 
 def test_retry_means_what_the_agent_retries():
-    """The agent retries any 429/503 answer, a stale signature (after realigning its clock), a
-    body the server stopped waiting for (408 ``request_timeout``: a slow link, not a wrong call)
-    and a JSON 500 (``internal_error``: retried like no answer, as an HTML 500 always was)."""
+    """The agent retries any 429/503 answer, a stale signature (after realigning its clock) and a
+    body the server stopped waiting for (408 ``request_timeout``: a slow link, not a wrong call)."""
     retried = {code for code, spec in CATALOGUE.items() if spec.status in (429, 503)} | {
         "signature_stale",
         "request_timeout",
-        "internal_error",
     }
     assert codes_with(WorkerAction.RETRY) == retried
 
