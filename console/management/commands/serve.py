@@ -170,7 +170,7 @@ class Command(BaseCommand):
             "in-process" if sweeping else "elsewhere",
         )
         threading.Thread(
-            target=_stop_when_told, args=(server, stop), name="shutdown-watch", daemon=True
+            target=_stop_when_told, args=(told_to_stop, stop), name="shutdown-watch", daemon=True
         ).start()
         try:
             server.serve()
