@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Q, Value, When
 from django.db.models.functions import Greatest
 
 from audit.models import ControlPlaneBeat
@@ -38,12 +38,26 @@ def liveness_beat_record(*, now: datetime) -> bool:
 
     One ``UPDATE`` (an insert the first time): if the previous beat is older than
     ``OUTAGE_AFTER_SECONDS``, ``outage_began_at`` becomes that beat and ``serving_since`` becomes
-    ``now`` — in the same statement, so two replicas beating at once record one outage.
+    ``now`` — in the same statement, so two replicas beating at once record one outage. A gap
+    that began inside the previous outage's grace window keeps that outage's start (one outage).
     """
-    gap = Q(beat_at__lt=now - timedelta(seconds=protocol().outage_after_seconds))
+    settings = protocol()
+    gap = Q(beat_at__lt=now - timedelta(seconds=settings.outage_after_seconds))
+    # A gap that began while the previous outage's grace window was still open extends that
+    # outage: its lapses stay excused until the grace window after this recovery.
+    in_grace = Q(outage_began_at__isnull=False) & Q(
+        beat_at__lt=ExpressionWrapper(
+            F("serving_since") + Value(timedelta(seconds=settings.outage_grace_seconds)),
+            output_field=DateTimeField(),
+        )
+    )
     updated = ControlPlaneBeat.objects.filter(name=SERVING).update(
         serving_since=Case(When(gap, then=Value(now)), default=F("serving_since")),
-        outage_began_at=Case(When(gap, then=F("beat_at")), default=F("outage_began_at")),
+        outage_began_at=Case(
+            When(gap & in_grace, then=F("outage_began_at")),
+            When(gap, then=F("beat_at")),
+            default=F("outage_began_at"),
+        ),
         beat_at=Greatest(F("beat_at"), Value(now)),
     )
     if not updated:

@@ -159,3 +159,16 @@ def test_a_started_attempt_whose_lease_was_settled_out_of_band_is_settled_once()
     other_session, other = running_lease()  # a healthy running attempt is left alone
     assert sweep_stranded_attempts() == 0
     assert other.attempt().state == "running"
+
+
+def test_a_second_outage_inside_the_first_ones_grace_window_keeps_the_first_lapses_excused():
+    session, held = running_lease()
+    stage_outage(began_seconds_ago=60, recovered_seconds_ago=40)  # grace open until 20 s ago + ...
+    first_began = ControlPlaneBeat.objects.get(name=SERVING).outage_began_at
+    lapse(held, session, seconds_ago=50)  # during the first outage, not renewed since
+    # the beats stop again 35 s ago (inside the first grace window: 40 - 35 < GRACE) and resume now
+    ControlPlaneBeat.objects.filter(name=SERVING).update(beat_at=db_now() - timedelta(seconds=35))
+    liveness_beat()
+    assert ControlPlaneBeat.objects.get(name=SERVING).outage_began_at == first_began
+    assert sweep_expired_sessions() == 0 and sweep_expired_leases() == 0
+    assert renew(held).status == "renewed"
