@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: chromium run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving bench-logs bench-dispatch lint clean
+.PHONY: chromium run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving bench-logs bench-dispatch chaos lint clean
 
 $(VENV)/.base: requirements/base.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,3 +79,9 @@ bench-serving: $(VENV)/.dev
 ## (docs/deploy.md); a fresh SQLite database in a temporary directory (ARGS="--pg-url URL" for PostgreSQL)
 bench-dispatch: $(VENV)/.dev
 	$(PY) bench/dispatch.py $(ARGS)
+
+## chaos: replica kill, Redis stop, PostgreSQL restart and a worker partition against a private cluster
+## (its own PostgreSQL and Redis on ports 17200-17299), real agents and simulated workers; invariants
+## checked in the database; last line: runs= lost= double_executions= http_5xx= html_500=
+chaos: $(VENV)/.dev
+	$(PY) bench/chaos.py $(ARGS)

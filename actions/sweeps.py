@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from django.db import close_old_connections
 
-from actions.leases.expiry import sweep_expired_leases
+from actions.leases.expiry import sweep_expired_leases, sweep_stranded_attempts
 from actions.logs import sweep_log_compaction, sweep_output_retention
 from actions.placement import refresh_placement_summaries
 from actions.runs import sweep_due_retries
@@ -25,6 +25,7 @@ from actions.sessions.expiry import sweep_expired_sessions
 from audit.marks import sweep_mark_record
 from core.conf import protocol
 from core.db import write_path
+from core.dependencies import dependency_error
 from core.errors import DomainError
 from core.metrics import sweep_observe
 from workers.nonces import nonces_prune
@@ -42,6 +43,7 @@ class CycleReport:
     nonces_pruned: int = 0
     logs_compacted: int = 0
     outputs_expired: int = 0
+    stranded_settled: int = 0
 
     def any(self) -> bool:
         """Whether the cycle changed anything worth a log line (pruned nonces are routine)."""
@@ -69,10 +71,10 @@ def sweep_finish(*, duration_seconds: float) -> int:
 
 
 def run_cycle() -> CycleReport:
-    """Expire lapsed sessions, settle lapsed leases, queue due retries, admit due schedule fires
-    (``docs/schedules.md``), refresh pending summaries, compact the logs of ended attempts and
-    delete expired logs and artifacts (``docs/logs.md``), prune expired replay nonces, then record
-    the cycle (``/readyz``, ``/metrics``).
+    """Expire lapsed sessions, settle lapsed leases and stranded attempts, queue due retries, admit
+    due schedule fires (``docs/schedules.md``), refresh pending summaries, compact the logs of
+    ended attempts and delete expired logs and artifacts (``docs/logs.md``), prune expired replay
+    nonces, then record the cycle (``/readyz``, ``/metrics``).
 
     Each step is a bounded batch of single-item transactions (``QINGLONG_SWEEP_BATCH``) whose
     writes re-check their preconditions in their own ``UPDATE … WHERE``; a step that meets a lock
@@ -81,6 +83,7 @@ def run_cycle() -> CycleReport:
     started = time.monotonic()
     sessions_expired = _step("sessions", sweep_expired_sessions)
     leases_settled = _step("leases", sweep_expired_leases)
+    stranded_settled = _step("stranded", sweep_stranded_attempts)
     retries_queued = _step("retries", sweep_due_retries)
     schedule_fires = _step("schedules", sweep_due_schedules)
     summaries_changed = _step("summaries", refresh_placement_summaries)
@@ -96,6 +99,7 @@ def run_cycle() -> CycleReport:
         nonces_pruned=nonces_pruned,
         logs_compacted=logs_compacted,
         outputs_expired=outputs_expired,
+        stranded_settled=stranded_settled,
     )
     sweep_observe(seconds=time.monotonic() - started, items=asdict(report))
     if report.any():
@@ -108,8 +112,9 @@ def loop(stop: threading.Event, interval_seconds: float) -> None:
     while not stop.is_set():
         try:
             run_cycle()
-        except Exception:  # keep sweeping: one bad cycle must not stop lease expiry for good
-            log.exception("sweep cycle failed")
+        except Exception as exc:  # keep sweeping: one bad cycle must not stop lease expiry for good
+            if dependency_error(exc) is None:  # an outage is one line (core.dependencies), not one per cycle
+                log.exception("sweep cycle failed")
         finally:
             close_old_connections()
         stop.wait(interval_seconds)

@@ -124,6 +124,8 @@ def _validate(spec: RevisionSpec) -> placement_spec.PlacementSpec:
         raise DomainError(
             "validation_failed", "must be between backoffSeconds and 86400", field="retry.backoffMaxSeconds"
         )
+    if spec.lost_after_seconds is not None and not 0 <= spec.lost_after_seconds <= 86400:
+        raise DomainError("validation_failed", "must be 0 to 86400", field="retry.lostAfterSeconds")
     try:
         placement = {} if spec.placement is None else spec.placement
         return placement_spec.normalise(placement, executor=spec.executor)
@@ -178,6 +180,7 @@ def _create_revision(
         artifact_max_file_bytes=spec.output.max_file_bytes,
         artifact_max_total_bytes=spec.output.max_total_bytes,
         output_retention_days=spec.output.retention_days,
+        lost_after_seconds=spec.lost_after_seconds,
         spec_sha256=_spec_sha256(spec, placement),
         created_by=user if user is not None and getattr(user, "pk", None) else None,
     )

@@ -9,8 +9,15 @@ Timing rules (docs/leases.md):
 * after every renewal the guard's watchdog is moved to ``GUARD_MARGIN_SECONDS`` before that
   estimate: an agent that cannot renew (paused, hung, cut off) has its job ended before the
   control plane can consider the attempt lost and dispatch it again;
-* a renewal stops retrying before the lease would have lapsed; the runner then kills its
-  process and abandons the attempt — a process whose lease lapsed must not report;
+* the hard deadline (docs/leases.md, Hard deadline) is the lease's estimated expiry plus the
+  task's ``lostAfterSeconds`` (the execution spec's; 0 from a server that sends none): while a
+  renewal gets *no answer* (no connection, a timeout, a 5xx, a 503 with ``Retry-After``) it is
+  retried, and the job keeps running, until ``GUARD_MARGIN_SECONDS`` before that deadline; the
+  guard's watchdog is set to the same moment, measured on this machine's monotonic clock from
+  the last renewal that succeeded. The control plane hands the attempt to a retry only after the
+  same deadline by its clock, which is later. An *explicit refusal* (409 ``lease_expired``,
+  ``lease_released``…, 401, 403) ends the job at once. Either way the runner kills its process
+  and abandons the attempt — a process whose lease is gone must not report;
 * a cancellation is learned from the waiting claim's answer (pushed, within milliseconds of the
   request), or from an ACK, renewal or heartbeat answer; the job's group gets SIGTERM at once
   (``cancel``), SIGKILL after ``cancel_grace`` — within one renew interval of the request even
@@ -101,6 +108,7 @@ class AttemptRunner(threading.Thread):
         self.shipper = LogShipper(self.output, self._send_log, name=f"log-{offer['lease']['attemptId'][:8]}")
         self._lease_window = 2.0 * self.lease["renewIntervalSeconds"]
         self._lease_deadline = 0.0
+        self._lost_after = 0.0  # the spec's lostAfterSeconds, set when the attempt starts
         self._next_renew = 0.0
 
     def cancel(self) -> None:
@@ -198,6 +206,9 @@ class AttemptRunner(threading.Thread):
             spec["timeoutSeconds"],
         )
         lease_window = 2 * self.lease["renewIntervalSeconds"]
+        # How long past the lease's expiry the job may ride out a control plane that does not
+        # answer (docs/leases.md, Hard deadline); the server waits at least as long to retry it.
+        lost_after = self._lost_after = float(spec.get("lostAfterSeconds") or 0)
         # The starting ACK sets the lease to expire one TTL after the server handles it, which is
         # after we send it: measuring from the send keeps our estimate on the early side.
         sent = time.monotonic()
@@ -218,7 +229,7 @@ class AttemptRunner(threading.Thread):
                 env=spec["env"],
                 timeout_seconds=spec["timeoutSeconds"],
                 work_dir=self.work_dir,
-                kill_in=lease_deadline - guard_margin(lease_window) - time.monotonic(),
+                kill_in=lease_deadline + lost_after - guard_margin(lease_window) - time.monotonic(),
                 user=self.agent.settings.job_user,
                 output=self.output,
             )
@@ -259,7 +270,7 @@ class AttemptRunner(threading.Thread):
                 sent = time.monotonic()
                 try:
                     renewed = self._renew(
-                        patience=max(0.0, lease_deadline - sent - guard_margin(lease_window))
+                        patience=max(0.0, lease_deadline + lost_after - sent - guard_margin(lease_window))
                     )
                 except (ApiError, TransportError) as exc:
                     log.error(
@@ -269,7 +280,7 @@ class AttemptRunner(threading.Thread):
                     return
                 self.lease = renewed["lease"]
                 lease_deadline = sent + lease_window
-                execution.kill_in(lease_deadline - guard_margin(lease_window) - time.monotonic())
+                execution.kill_in(lease_deadline + lost_after - guard_margin(lease_window) - time.monotonic())
                 next_renew = sent + renew_period(self.lease["renewIntervalSeconds"])
                 if renewed["cancelRequested"]:
                     # Kill now, not after the next wait step: the kill must land within one
@@ -296,7 +307,9 @@ class AttemptRunner(threading.Thread):
             answer = cast(
                 m.CompleteAnswer,
                 self.agent.call(
-                    wire.LEASE_COMPLETE, completion, patience=max(1.0, lease_deadline - time.monotonic())
+                    wire.LEASE_COMPLETE,
+                    completion,
+                    patience=max(1.0, lease_deadline + lost_after - time.monotonic()),
                 ),
             )
         except (ApiError, TransportError) as exc:
@@ -333,7 +346,10 @@ class AttemptRunner(threading.Thread):
             sent = time.monotonic()
             try:
                 renewed = self._renew(
-                    patience=max(0.0, self._lease_deadline - sent - guard_margin(self._lease_window))
+                    patience=max(
+                        0.0,
+                        self._lease_deadline + self._lost_after - sent - guard_margin(self._lease_window),
+                    )
                 )
             except (ApiError, TransportError) as exc:
                 log.error(

@@ -3,12 +3,17 @@
 Domain errors (``core.errors.DomainError``) and protocol errors (``protocol.errors``) carry
 their code; DRF's own exceptions are mapped onto catalogue codes; a serializer's errors become
 ``validation_failed`` naming the first offending field as a path (``offers[0].leaseToken``).
+An unreachable dependency (database, Redis) is a catalogued 503 with ``Retry-After``
+(``core.dependencies``), here for DRF views and in :func:`server_error` for everything Django runs
+before or around them (middleware, the session and authentication path, the admin): one warning
+line per change of the dependency's state, no traceback per request.
 Anything else is a bug: it is logged and answered 500 by Django, never dressed up as a 4xx.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from django.core.exceptions import DisallowedHost
@@ -17,6 +22,7 @@ from django.views import defaults
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
+from core.dependencies import dependency_error
 from core.errors import CATALOGUE, DomainError
 from protocol.errors import ProtocolError
 
@@ -71,21 +77,27 @@ def _response(
     return response
 
 
+#: Codes whose cause is logged once per outage by ``core.dependencies``, not once per request.
+_DEPENDENCY_CODES = ("database_unavailable", "statement_timeout", "cache_unavailable")
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF ``EXCEPTION_HANDLER``: map every expected error to a catalogued JSON answer."""
     response = _handle(exc)
     if response is not None and response.status_code >= 500:
         # A catalogued 503 is an expected, retryable refusal, not a bug: not Django's ERROR for a
-        # 5xx, but contention (storage busy, lock timeout) is worth a warning.
+        # 5xx, but contention (storage busy, lock timeout) is worth a warning. An unreachable
+        # dependency already logged its one line (core.dependencies), not one per request.
         request = context.get("request")
-        log.log(
-            logging.WARNING,
-            "%s %s: %s %s",
-            getattr(request, "path", "?"),
-            response.status_code,
-            response.data["code"],
-            response.data["message"],
-        )
+        if response.data["code"] not in _DEPENDENCY_CODES:
+            log.log(
+                logging.WARNING,
+                "%s %s: %s %s",
+                getattr(request, "path", "?"),
+                response.status_code,
+                response.data["code"],
+                response.data["message"],
+            )
         # django.utils.log.log_response's private marker (not in django-stubs): do not log it again
         response._has_been_logged = True  # type: ignore[attr-defined]
     if response is not None and response.status_code == 401:
@@ -97,6 +109,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 def _handle(exc: Exception) -> Response | None:
+    outage = dependency_error(exc) if not isinstance(exc, DomainError | ProtocolError) else None
+    if outage is not None:
+        return _response(outage.code, outage.message, None, retry_after=outage.retry_after)
     if isinstance(exc, DomainError):
         return _response(exc.code, exc.message, exc.field, details=exc.details, retry_after=exc.retry_after)
     if isinstance(exc, ProtocolError):
@@ -135,3 +150,31 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     if not request.path.startswith("/api/"):
         return defaults.bad_request(request, exception)
     return JsonResponse({"code": code, "message": CATALOGUE[code].meaning, "field": field}, status=400)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """``handler500``: what escaped every view and middleware.
+
+    An unreachable dependency (``core.dependencies``) — raised, say, by the session middleware
+    or the authentication path before DRF's handler could see it — answers 503 with its code and
+    ``Retry-After``: JSON on the API, a plain-text page for the admin and everything else; it is
+    not logged again (one line per dependency state change). Anything else is a bug and stays a
+    500 with Django's log line and page (the agent retries it like no answer).
+    """
+    exc = sys.exc_info()[1]
+    outage = dependency_error(exc) if exc is not None else None
+    if outage is None:
+        return defaults.server_error(request)
+    response: HttpResponse
+    if request.path.startswith("/api/"):
+        response = JsonResponse({"code": outage.code, "message": outage.message, "field": None}, status=503)
+    else:
+        response = HttpResponse(
+            f"503 Service Unavailable: {outage.message} ({outage.code}).\n",
+            status=503,
+            content_type="text/plain; charset=utf-8",
+        )
+    response["Retry-After"] = str(outage.retry_after)
+    # django.utils.log.log_response's private marker (not in django-stubs): no traceback per request
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response

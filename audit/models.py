@@ -65,3 +65,23 @@ class SweepMark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} at {self.finished_at:%Y-%m-%d %H:%M:%S}"
+
+
+class ControlPlaneBeat(models.Model):
+    """The control plane's own liveness, one shared row (``name`` = ``serving``), beaten on the
+    database clock by every serving process (``actions.liveness``) while it can serve — its
+    database answers and, in the cluster profile, its cache does too.
+
+    ``beat_at`` is the latest beat of any replica; ``serving_since`` when the current unbroken
+    run of beats began; ``outage_began_at`` the last beat before the latest gap longer than
+    ``QINGLONG_OUTAGE_AFTER_SECONDS`` (null if there never was one). Read by the expiry sweeps and
+    the fences (``audit.liveness``; docs/leases.md, Outages).
+    """
+
+    name = models.CharField(max_length=32, primary_key=True)
+    beat_at = models.DateTimeField()
+    serving_since = models.DateTimeField()
+    outage_began_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} beat at {self.beat_at:%Y-%m-%d %H:%M:%S}"

@@ -36,6 +36,10 @@ class ProtocolSettings:
     rate_enroll: str
     rate_auth_failures: str
     sweep_batch: int
+    liveness_beat_seconds: float
+    outage_after_seconds: float
+    outage_grace_seconds: float
+    lost_after_seconds: int
     min_agent_version: str
     supported_protocol_versions: tuple[int, ...]
     claim_wait_max_seconds: float

@@ -17,6 +17,7 @@ from datetime import datetime
 
 from django.db.models import F
 
+from audit.liveness import lapse_excused
 from core.conf import protocol
 from core.errors import DomainError
 from leases.models import LeaseState, RunDispatchLease
@@ -42,8 +43,9 @@ class LeaseFence:
 def require_active(lease: RunDispatchLease, now: datetime, field: str | None = None) -> None:
     """Refuse a lease that completed, was released or lapsed by ``now`` (the database clock).
 
-    Raises ``lease_completed``, ``lease_released`` (``details.reason``) or ``lease_expired``,
-    naming ``field`` when given."""
+    A lease that lapsed during an outage of the control plane is not refused while the grace
+    window after it is open (``audit.liveness.lapse_excused``). Raises ``lease_completed``,
+    ``lease_released`` (``details.reason``) or ``lease_expired``, naming ``field`` when given."""
     if lease.state == LeaseState.COMPLETED:
         raise DomainError("lease_completed", "the run lease already completed", field=field)
     if lease.state == LeaseState.RELEASED:
@@ -53,7 +55,9 @@ def require_active(lease: RunDispatchLease, now: datetime, field: str | None = N
             field=field,
             details={"reason": lease.release_reason},
         )
-    if lease.expires_at <= now:
+    if not lapse_excused(lease.expires_at, now):
+        # A lease that lapsed during an outage of the control plane stays renewable for the
+        # grace window after it serves again (audit.liveness; docs/leases.md, Outages).
         raise DomainError("lease_expired", "the run lease lapsed", field=field)
 
 

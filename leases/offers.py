@@ -32,6 +32,7 @@ def execution_spec(run: Run, attempt: RunAttempt) -> dict[str, Any]:
         "command": revision.command,
         "env": revision.env,
         "timeoutSeconds": revision.timeout_seconds,
+        "lostAfterSeconds": revision.effective_lost_after_seconds,
         "revisionSha256": revision.spec_sha256,
     }
     if revision.secret_env:  # docs/logs.md, Secrets: the agent masks them before it sends

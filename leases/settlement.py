@@ -53,13 +53,15 @@ def settle_lease(
     actor: str = "",
     expired_only: bool = False,
     observed_version: int | None = None,
+    lapsed_by: datetime | None = None,
 ) -> bool:
     """Release ``lease`` and settle its attempt and run; return False if the CAS changed nothing.
 
     Arguments: ``lease`` as read (possibly stale; only its id, generation, worker, session, run
     and attempt ids are trusted), ``reason`` a :class:`ReleaseReason`, ``now`` the DB clock read
     after the caller's locks, the actor for the events. ``expired_only`` adds ``expires_at <= now``
-    to the CAS (expiry sweep, claim takeover); ``observed_version`` adds ``version = observed`` (a
+    to the CAS (expiry sweep, claim takeover; ``lapsed_by`` instead of ``now`` when given: the
+    sweep's ``audit.liveness.expiry_cutoff``); ``observed_version`` adds ``version = observed`` (a
     sweep must not undo a renewal that landed after it looked). For a lapsed unstarted attempt the
     recorded reason is ``dispatch_timeout`` and for a lapsed started one ``lease_expired``.
 
@@ -78,7 +80,7 @@ def settle_lease(
         pk=lease.pk, state=LeaseState.LEASED, lease_generation=lease.lease_generation
     )
     if expired_only:
-        cas = cas.filter(expires_at__lte=now)
+        cas = cas.filter(expires_at__lte=lapsed_by or now)
     if observed_version is not None:
         cas = cas.filter(version=observed_version)
     if not cas.update(

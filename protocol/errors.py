@@ -116,6 +116,20 @@ CATALOGUE: dict[str, ErrorSpec] = {
     "lock_timeout": ErrorSpec(
         503, "A row lock was not granted within the lock timeout; retry later.", WorkerAction.RETRY
     ),
+    "database_unavailable": ErrorSpec(
+        503,
+        "The control plane cannot reach its database (docs/leases.md, Outages); retry after Retry-After.",
+        WorkerAction.RETRY,
+    ),
+    "statement_timeout": ErrorSpec(
+        503, "A database statement ran past the statement timeout; retry later.", WorkerAction.RETRY
+    ),
+    "cache_unavailable": ErrorSpec(
+        503,
+        "The control plane cannot reach its cache (Redis: replay nonces, rate limits); retry after "
+        "Retry-After. Replay protection fails closed (docs/transport.md, Dependency outages).",
+        WorkerAction.RETRY,
+    ),
     # --- worker transport (ADR-0012 §1) -------------------------------------------------------
     "signature_missing": ErrorSpec(
         401, "The request carries no RFC 9421 Signature/Signature-Input.", WorkerAction.FIX_REQUEST

@@ -204,6 +204,9 @@ class ExecutionSpec(TypedDict):
     command: str
     env: dict[str, str]
     timeoutSeconds: int
+    #: The hard deadline past the run lease's expiry (docs/leases.md, Hard deadline); absent from
+    #: older control planes (then 0: the job ends when its lease cannot be renewed).
+    lostAfterSeconds: NotRequired[int]
     revisionSha256: str
     outputs: NotRequired[OutputsSpec]
     #: Names of the ``env`` variables whose values are masked in the log (protocol/masking.py);

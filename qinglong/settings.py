@@ -147,8 +147,15 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- caches: rate limits, replay nonces, credential keys -----------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 if CLUSTER or env.bool("QINGLONG_SHARED_CACHE", default=False):
-    # core.cache.RedisCache: Django's backend, reusing one Redis client per pool (docs/performance.md)
-    _shared = {"BACKEND": "core.cache.RedisCache", "LOCATION": REDIS_URL}
+    # core.cache.RedisCache: Django's backend, reusing one Redis client per pool (docs/performance.md).
+    # Bounded socket timeouts: a Redis that is stopped or hangs makes a request answer
+    # `cache_unavailable` (503) within seconds instead of holding it (core.dependencies).
+    _redis_timeout = env.float("QINGLONG_REDIS_TIMEOUT_SECONDS", default=2.0)
+    _shared = {
+        "BACKEND": "core.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {"socket_connect_timeout": _redis_timeout, "socket_timeout": _redis_timeout},
+    }
     CACHES = {"default": {**_shared, "KEY_PREFIX": "ql"}}
 else:
     # standalone is one control-plane process: a per-process cache is the whole truth there.
@@ -263,8 +270,20 @@ SPECTACULAR_SETTINGS = {
 
 # --- protocol timings and limits (core.conf reads these; units in the names) ----------------
 _profile_defaults = {
-    "standalone": {"session_ttl": 30, "heartbeat": 10, "run_lease_ttl": 30, "dispatch_timeout": 30},
-    "cluster-control": {"session_ttl": 45, "heartbeat": 15, "run_lease_ttl": 60, "dispatch_timeout": 60},
+    "standalone": {
+        "session_ttl": 30,
+        "heartbeat": 10,
+        "run_lease_ttl": 30,
+        "dispatch_timeout": 30,
+        "lost_after": 120,
+    },
+    "cluster-control": {
+        "session_ttl": 45,
+        "heartbeat": 15,
+        "run_lease_ttl": 60,
+        "dispatch_timeout": 60,
+        "lost_after": 180,
+    },
 }[QINGLONG_PROFILE]
 QINGLONG = {
     "SESSION_LEASE_SECONDS": env.int(
@@ -295,6 +314,19 @@ QINGLONG = {
     # Failed worker authentications per client address (forged, stale, replayed, unknown key).
     "RATE_AUTH_FAILURES": env.str("QINGLONG_RATE_AUTH_FAILURES", default="120/m"),
     "SWEEP_BATCH": env.int("QINGLONG_SWEEP_BATCH", default=64),
+    # Outages of the control plane itself (docs/leases.md, Outages): every serving process beats
+    # a liveness row this often; a gap longer than OUTAGE_AFTER is an outage, after which lapsed
+    # sessions and run leases are not settled for OUTAGE_GRACE (default: one heartbeat interval
+    # plus the agent's longest backoff, 8 s, and a round trip), so that workers can reach it again.
+    "LIVENESS_BEAT_SECONDS": env.float("QINGLONG_LIVENESS_BEAT_SECONDS", default=2.0),
+    "OUTAGE_AFTER_SECONDS": env.float("QINGLONG_OUTAGE_AFTER_SECONDS", default=6.0),
+    "OUTAGE_GRACE_SECONDS": env.float(
+        "QINGLONG_OUTAGE_GRACE_SECONDS", default=_profile_defaults["heartbeat"] + 10.0
+    ),
+    # The hard deadline of a run lease that gets no answer (docs/leases.md, Hard deadline): a
+    # worker that cannot reach the control plane keeps its job this long past the lease's
+    # expiry, and a lost attempt's retry is not due before it. A task revision may set its own.
+    "LOST_AFTER_SECONDS": env.int("QINGLONG_LOST_AFTER_SECONDS", default=_profile_defaults["lost_after"]),
     # Agent version policy (docs/operators.md "Upgrades"): a registration from an agent older
     # than this semver, or speaking a protocol version not listed, is refused with
     # `agent_version_unsupported` and the agent exits for good (status 6). "" = no minimum.

@@ -31,3 +31,4 @@ urlpatterns = [
 
 handler400 = "api.exceptions.bad_request"
 handler404 = "api.exceptions.not_found"
+handler500 = "api.exceptions.server_error"

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from core.conf import protocol
 from protocol.ids import uuid7
 
 from .states import ATTEMPT_LIVE, ATTEMPT_STARTED, ATTEMPT_TERMINAL, RUN_TERMINAL, AttemptState, RunState
@@ -73,6 +74,9 @@ class TaskRevision(models.Model):
     artifact_max_total_bytes = models.PositiveBigIntegerField(default=64 * 1024 * 1024, editable=False)
     #: Days an attempt's log and artifacts are kept after it ends (the retention sweep deletes them).
     output_retention_days = models.PositiveIntegerField(default=30, editable=False)
+    #: The hard deadline past a run lease's expiry (docs/leases.md, Hard deadline); null: the
+    #: ``QINGLONG_LOST_AFTER_SECONDS`` setting.
+    lost_after_seconds = models.PositiveIntegerField(null=True, blank=True, editable=False)
     #: SHA-256 of the canonical execution content (executor, command, env, timeout, placement).
     spec_sha256 = models.CharField(max_length=64, editable=False)
     created_by = models.ForeignKey(
@@ -95,6 +99,14 @@ class TaskRevision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} r{self.number}"
+
+    @property
+    def effective_lost_after_seconds(self) -> int:
+        """Seconds past a lost lease's expiry before its attempt may be retried, and that a worker
+        without an answer keeps its job: this revision's, else ``QINGLONG_LOST_AFTER_SECONDS``."""
+        if self.lost_after_seconds is not None:
+            return self.lost_after_seconds
+        return protocol().lost_after_seconds
 
 
 class Run(models.Model):

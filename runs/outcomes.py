@@ -14,9 +14,11 @@ Helpers for write paths that already hold the run lock; they open no transaction
 * ``lost``: the run goes ``lost``, then in the same transaction to ``retry_wait`` when the revision
   says a lost attempt is safe to re-run (``lost_retry`` idempotent/deduplicated) and attempts
   remain, else ``failed`` with error class ``worker_lost``. The retry is never due before the
-  lost lease would have expired (plus ``LOST_RETRY_MARGIN``): an attempt lost because its session
-  was replaced, revoked or forced offline may still be running on a worker that has not heard of
-  it yet, and that worker's guard only ends the job as its lease runs out (agent/guard.py). So
+  lost lease's hard deadline — its expiry plus the revision's ``lost_after_seconds``
+  (``QINGLONG_LOST_AFTER_SECONDS`` by default), plus ``LOST_RETRY_MARGIN``: an attempt lost because
+  its lease lapsed or its session was replaced, revoked or forced offline may still be running on
+  a worker that has not heard of it yet (it got no answer), and that worker's guard ends the job
+  by the same deadline on its own clock (agent/guard.py; docs/leases.md, Hard deadline). So
   attempt N+1 can never run beside attempt N.
 
 Backoff: ``min(retry_backoff_max_seconds, retry_backoff_seconds · 2^(n−1))`` for attempt n, with
@@ -111,7 +113,13 @@ def conclude_attempt(
     if outcome == AttemptState.LOST:
         move_run(run, RunState.LOST, actor_type=actor_type, actor=actor, data={"attempt": attempt.number})
         if _may_retry(revision, attempt, outcome):
-            not_before = lease_expires_at + LOST_RETRY_MARGIN if lease_expires_at is not None else None
+            not_before = (
+                lease_expires_at
+                + timedelta(seconds=revision.effective_lost_after_seconds)
+                + LOST_RETRY_MARGIN
+                if lease_expires_at is not None
+                else None
+            )
             return _retry_wait(
                 run, attempt, now=now, actor_type=actor_type, actor=actor, not_before=not_before
             )

@@ -72,8 +72,10 @@ class RevisionSpec:
     ``command`` ≤ 64 KiB of UTF-8; ``timeout_seconds`` 1–604800; ``env`` ≤ 32 NAME→value
     (values ≤ 1024 characters, no NUL); ``placement`` a parsed PlacementSpec document (see
     ``placement.spec``); ``max_attempts`` 1–20; ``retry_on`` ⊆ {failed, timed_out};
-    ``lost_retry`` never | idempotent | deduplicated; backoff seconds 1–86400; ``output`` the
-    secrets, artifacts and retention of :class:`OutputSpec`.
+    ``lost_retry`` never | idempotent | deduplicated; backoff seconds 1–86400;
+    ``lost_after_seconds`` 0–86400 or None (``QINGLONG_LOST_AFTER_SECONDS``): the hard deadline
+    past a run lease's expiry (docs/leases.md, Hard deadline); ``output`` the secrets, artifacts
+    and retention of :class:`OutputSpec`.
     """
 
     executor: str
@@ -86,4 +88,5 @@ class RevisionSpec:
     lost_retry: str = LostRetry.NEVER
     retry_backoff_seconds: int = 10
     retry_backoff_max_seconds: int = 300
+    lost_after_seconds: int | None = None
     output: OutputSpec = field(default_factory=OutputSpec)

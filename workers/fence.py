@@ -17,7 +17,9 @@ keeps the two equal):
    looks exactly the same);
 3. ``session_superseded`` (409) — a newer session replaced it (state ``fenced``);
 4. ``session_offline`` (409) — it went offline;
-5. ``session_expired`` (409) — its lease lapsed by the database clock, swept or not;
+5. ``session_expired`` (409) — its lease lapsed by the database clock, swept or not (unless the
+   lapse fell into an outage of the control plane and its grace window is open: docs/leases.md,
+   Outages);
 6. ``session_generation_mismatch`` (409);
 7. ``session_version_conflict`` (409, ``details.currentVersion``) — only for calls that change
    session state (heartbeat, drain, offline);
@@ -31,6 +33,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
+from audit.liveness import lapse_excused
 from core.db import db_now
 from core.errors import DomainError
 
@@ -72,7 +75,9 @@ def check_session(
         raise DomainError("session_superseded", "a newer session replaced this one", field="sessionId")
     if session.state == SessionState.OFFLINE:
         raise DomainError("session_offline", "the session is offline", field="sessionId")
-    if session.state == SessionState.EXPIRED or session.lease_expires_at <= now:
+    if session.state == SessionState.EXPIRED or not lapse_excused(session.lease_expires_at, now):
+        # A lease that lapsed while the control plane could not serve is excused for the grace
+        # window after it serves again (audit.liveness; docs/leases.md, Outages).
         raise DomainError("session_expired", "the session lease lapsed", field="sessionId")
     if session.generation != generation:
         raise DomainError(

@@ -35,12 +35,15 @@ def end_session(session: WorkerSession, *, state: str, reason: str, now: datetim
     session.version += 1
 
 
-def expire_session(session: WorkerSession, *, now: datetime, actor_type: str) -> bool:
-    """Mark a live session whose lease lapsed (by ``now``) ``expired``, settle its run leases and
-    record ``session.expired``. The CAS re-checks state and expiry; False if it changed nothing."""
+def expire_session(
+    session: WorkerSession, *, now: datetime, actor_type: str, lapsed_by: datetime | None = None
+) -> bool:
+    """Mark a live session whose lease lapsed (by ``lapsed_by``, default ``now``) ``expired``, settle
+    its run leases and record ``session.expired``. The CAS re-checks state and expiry; False if it
+    changed nothing. The sweep passes ``audit.liveness.expiry_cutoff`` as ``lapsed_by``."""
 
     changed = WorkerSession.objects.filter(
-        pk=session.pk, state__in=LIVE_SESSION_STATES, lease_expires_at__lte=now
+        pk=session.pk, state__in=LIVE_SESSION_STATES, lease_expires_at__lte=lapsed_by or now
     ).update(
         state=SessionState.EXPIRED,
         end_reason="lease_expired",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from actions.sessions.endings import expire_session
+from audit.liveness import expiry_cutoff
 from audit.models import ActorType
 from core.conf import protocol
 from core.db import db_now, write_path
@@ -21,14 +22,16 @@ def session_expire(*, session_id: uuid.UUID) -> bool:
     heartbeats, replacements and other sweepers running at once. A lapsed session was already
     invisible to candidates (``placement.selectors.live_workers``) and refused by every fence
     before this runs; this records the fact (``session.expired``) and settles its leases
-    (ADR-0012 §3). Raises: ``storage_busy``, ``lock_timeout``.
+    (ADR-0012 §3). A lapse during an outage of the control plane counts only once its grace window
+    passed (``audit.liveness.expiry_cutoff``; docs/leases.md, Outages). Raises: ``storage_busy``,
+    ``lock_timeout``.
     """
     worker = lock_worker_for_session(session_id)
     if worker is None:
         return False
     now = db_now()
     session = WorkerSession.objects.get(pk=session_id)
-    return expire_session(session, now=now, actor_type=ActorType.RECONCILER)
+    return expire_session(session, now=now, actor_type=ActorType.RECONCILER, lapsed_by=expiry_cutoff(now))
 
 
 def sweep_expired_sessions(*, batch: int | None = None) -> int:
@@ -39,9 +42,9 @@ def sweep_expired_sessions(*, batch: int | None = None) -> int:
     ``lock_timeout`` from a single expiry (the caller's loop carries on next cycle).
     """
     limit = batch or protocol().sweep_batch
-    now = db_now()
+    cutoff = expiry_cutoff(db_now())
     lapsed = list(
-        WorkerSession.objects.filter(state__in=LIVE_SESSION_STATES, lease_expires_at__lte=now)
+        WorkerSession.objects.filter(state__in=LIVE_SESSION_STATES, lease_expires_at__lte=cutoff)
         .order_by("lease_expires_at")
         .values_list("pk", flat=True)[:limit]
     )

@@ -11,6 +11,7 @@ from django.db import connection
 from django.db.models import F
 from django.db.models.functions import Now
 
+from audit.liveness import expiry_cutoff
 from core.db import db_now, write_path
 from core.errors import DomainError
 from leases.selectors import cancel_requested_attempt_ids
@@ -153,13 +154,14 @@ def _heartbeat_write(
         updates["available_slots"] = slots
         updates["version"] = F("version") + 1
     if updates:
-        # The fence is in the WHERE clause too: a lapsed or ended session is never extended.
+        # The fence is in the WHERE clause too: a lapsed or ended session is never extended
+        # (a lapse excused by an outage of the control plane is not a lapse: audit.liveness).
         changed = WorkerSession.objects.filter(
             pk=session.pk,
             generation=generation,
             version=expected_version,
             state__in=LIVE_SESSION_STATES,
-            lease_expires_at__gt=now,
+            lease_expires_at__gt=expiry_cutoff(now) if session.lease_expires_at <= now else now,
         ).update(**updates)
         if changed != 1:
             raise DomainError(

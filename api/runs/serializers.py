@@ -30,6 +30,14 @@ class RetrySerializer(StrictSerializer):
     lostRetry = serializers.ChoiceField(choices=LostRetry.values, default=LostRetry.NEVER)
     backoffSeconds = StrictIntegerField(min_value=1, max_value=86400, default=10)
     backoffMaxSeconds = StrictIntegerField(min_value=1, max_value=86400, default=300)
+    lostAfterSeconds = StrictIntegerField(
+        min_value=0,
+        max_value=86400,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="hard deadline past a run lease's expiry (docs/leases.md); null: the server default",
+    )
 
 
 class OutputsSerializer(StrictSerializer):
@@ -96,6 +104,7 @@ class RevisionInSerializer(StrictSerializer):
                 max_total_bytes=outputs["maxTotalBytes"],
                 retention_days=outputs["retentionDays"],
             ),
+            lost_after_seconds=retry.get("lostAfterSeconds"),
         )
 
 
@@ -157,6 +166,7 @@ class RevisionDetailSerializer(RevisionOutSerializer):
     placement = serializers.SerializerMethodField(help_text="the normalised PlacementSpec")
     retryOn = serializers.JSONField(source="retry_on")
     lostRetry = serializers.CharField(source="lost_retry")
+    lostAfterSeconds = serializers.IntegerField(source="effective_lost_after_seconds")
     createdAt = serializers.DateTimeField(source="created_at")
 
     def get_envNames(self, revision) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -18,6 +19,9 @@ from tests.agent.test_cancel_running import agent, group_members
 from tests.helpers import enqueue, make_revision
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+#: The paused agent's hard deadline past its lease (docs/leases.md, Hard deadline), seconds.
+LOST_AFTER = 4
 
 
 @pytest.mark.parametrize("command", ["sleep 300 & wait", "trap '' TERM; sleep 300 & wait"])
@@ -50,15 +54,19 @@ def test_killing_the_agent_ends_its_jobs_process_group(live_server, tmp_path, co
             process.wait()
 
 
-def test_a_paused_agents_job_ends_before_its_lease_can_lapse(live_server, tmp_path, protocol_settings):
-    """SIGSTOP the agent: it cannot renew, so its job's guard ends the job before the lease the
-    control plane granted can lapse — the retry can never overlap it."""
+def test_a_paused_agents_job_ends_before_its_hard_deadline(live_server, tmp_path, protocol_settings):
+    """SIGSTOP the agent: it cannot renew, so its job's guard ends the job before the hard deadline
+    of the lease the control plane granted (its expiry + ``lostAfterSeconds``, the moment before
+    which the attempt is never retried: docs/leases.md, Hard deadline) — the retry can never
+    overlap it."""
     protocol_settings(RUN_LEASE_SECONDS=8, SESSION_LEASE_SECONDS=120, HEARTBEAT_INTERVAL_SECONDS=30)
     worker = worker_create(name="paused-worker")
     issued = enrollment_token_create(worker_id=worker.pk)
     state = tmp_path / "state"
     assert agent(state, "enroll", "--server", live_server.url, "--token", issued.token).wait(30) == 0
-    run = enqueue(make_revision(command="sleep 300 & wait", timeout_seconds=600))
+    run = enqueue(
+        make_revision(command="sleep 300 & wait", timeout_seconds=600, lost_after_seconds=LOST_AFTER)
+    )
     process = agent(state, "run", "--poll-max", "1")
     try:
         attempt = wait_for(
@@ -72,8 +80,14 @@ def test_a_paused_agents_job_ends_before_its_lease_can_lapse(live_server, tmp_pa
             what="a renewal",
         )
         process.send_signal(signal.SIGSTOP)
-        wait_for(lambda: not group_members(attempt.pgid), timeout=15, step=0.05, what="the group to die")
-        assert db_now() < renewed.expires_at  # gone while the lease was still the agent's
+        wait_for(
+            lambda: not group_members(attempt.pgid),
+            timeout=15 + LOST_AFTER,
+            step=0.05,
+            what="the group to die",
+        )
+        # gone before the hard deadline, before which the control plane retries nothing
+        assert db_now() < renewed.expires_at + timedelta(seconds=LOST_AFTER)
     finally:
         process.send_signal(signal.SIGCONT)
         process.kill()

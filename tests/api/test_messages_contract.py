@@ -94,6 +94,7 @@ def test_the_execution_spec_keys_are_what_a_claim_hands_out():
         artifact_max_files=1,
         artifact_max_file_bytes=2,
         artifact_max_total_bytes=3,
+        effective_lost_after_seconds=0,
     )
     run = SimpleNamespace(pk=2, task_id=3, revision=revision)
     spec = execution_spec(run, SimpleNamespace(pk=4, number=1))

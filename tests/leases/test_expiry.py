@@ -60,7 +60,11 @@ def test_a_lost_attempt_waits_then_runs_again_as_attempt_2_on_a_fresh_lease():
     a, b = register(enrolled_worker()), register(enrolled_worker())
     run = enqueue(
         make_revision(
-            max_attempts=2, lost_retry="idempotent", retry_backoff_seconds=20, retry_backoff_max_seconds=20
+            max_attempts=2,
+            lost_retry="idempotent",
+            retry_backoff_seconds=20,
+            retry_backoff_max_seconds=20,
+            lost_after_seconds=0,  # the hard deadline is its own test (below)
         )
     )
     first = start(claim_one(a), pid=101)

@@ -1,8 +1,11 @@
-"""Attempt N+1 never runs beside attempt N: a lost attempt's retry is not due before its lease
-would have run out, because a worker that has not yet heard of the loss (revocation, forced
-offline, replacement) keeps its job until its guard ends it as that lease runs out."""
+"""Attempt N+1 never runs beside attempt N: a lost attempt's retry is not due before its lease's
+hard deadline (expiry + ``lostAfterSeconds``, docs/leases.md, Hard deadline), because a worker
+that has not yet heard of the loss (revocation, forced offline, replacement, a partition) keeps
+its job until its guard ends it at that deadline."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 
@@ -40,12 +43,41 @@ def test_a_lost_attempts_retry_waits_for_its_lease_to_run_out(how, protocol_sett
     assert run.next_attempt_at >= expires_at + LOST_RETRY_MARGIN
 
 
-def test_an_expired_lease_retries_after_the_backoff_alone():
+@pytest.mark.parametrize("lost_after", [None, 45])
+def test_an_expired_leases_retry_waits_for_the_hard_deadline(lost_after, protocol_settings):
+    protocol_settings(LOST_AFTER_SECONDS=30)
     worker = enrolled_worker()
     session = register(worker)
     run = enqueue(
         make_revision(
-            max_attempts=2, lost_retry="idempotent", retry_backoff_seconds=1, retry_backoff_max_seconds=1
+            max_attempts=2,
+            lost_retry="idempotent",
+            retry_backoff_seconds=1,
+            retry_backoff_max_seconds=1,
+            lost_after_seconds=lost_after,
+        )
+    )
+    held = start(claim_one(session))
+    expire_lease(held.attempt_id)
+    assert sweep_expired_leases() == 1
+    run = Run.objects.get(pk=run.pk)
+    expires_at = held.lease().expires_at
+    assert run.state == "retry_wait"
+    deadline = expires_at + timedelta(seconds=lost_after or 30) + LOST_RETRY_MARGIN
+    assert deadline <= run.next_attempt_at <= deadline + timedelta(seconds=1)
+    assert held.execution["lostAfterSeconds"] == (lost_after or 30)
+
+
+def test_without_a_hard_deadline_an_expired_lease_retries_after_the_backoff_alone():
+    worker = enrolled_worker()
+    session = register(worker)
+    run = enqueue(
+        make_revision(
+            max_attempts=2,
+            lost_retry="idempotent",
+            retry_backoff_seconds=1,
+            retry_backoff_max_seconds=1,
+            lost_after_seconds=0,
         )
     )
     held = start(claim_one(session))

@@ -19,6 +19,7 @@ import os
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -29,8 +30,9 @@ from granian.http import HTTP1Settings
 from granian.log import LogLevels
 from granian.server import MPServer
 
+from actions.liveness import beat_loop
 from actions.sweeps import loop
-from core.conf import SERVE_STOP_FILE_VARIABLE, is_cluster
+from core.conf import SERVE_STOP_FILE_VARIABLE, is_cluster, protocol
 
 log = logging.getLogger("qinglong.serve")
 
@@ -52,6 +54,15 @@ def forget_dead_processes(directory: Path) -> int:
         except PermissionError:  # alive, someone else's
             continue
     return removed
+
+
+def _stop_when_told(told: Callable[[], bool], stop: threading.Event) -> None:
+    """Stop the sweep loop and the liveness beat as soon as ``told()`` — Granian was told to shut
+    down (SIGTERM, SIGINT): a replica that is going away neither settles nor counts as serving
+    meanwhile (docs/leases.md, Outages)."""
+    while not stop.wait(0.1):
+        if told():
+            stop.set()
 
 
 def claim_port(host: str, port: int) -> IO[str]:
@@ -149,6 +160,18 @@ class Command(BaseCommand):
             respawn_failed_workers=False,
         )
         stop = threading.Event()
+
+        def told_to_stop() -> bool:
+            return bool(server.interrupt_signal)
+
+        # Every replica beats the control plane's liveness row while it can serve (docs/leases.md,
+        # Outages): the sweeps excuse what lapsed while no replica could.
+        threading.Thread(
+            target=beat_loop,
+            args=(stop, protocol().liveness_beat_seconds, lambda: not told_to_stop()),
+            name="liveness-beat",
+            daemon=True,
+        ).start()
         sweeping = not options["no_sweep"] and (options["sweep"] or not is_cluster())
         if sweeping:
             threading.Thread(
@@ -163,6 +186,9 @@ class Command(BaseCommand):
             options["workers"],
             "in-process" if sweeping else "elsewhere",
         )
+        threading.Thread(
+            target=_stop_when_told, args=(told_to_stop, stop), name="shutdown-watch", daemon=True
+        ).start()
         try:
             server.serve()
         finally:
