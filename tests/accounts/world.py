@@ -25,7 +25,7 @@ ROLES = ("viewer", "operator", "admin", "staff_no_group", "superuser")
 
 #: Tables an act never changes but a request may: the login session (and messages kept in it),
 #: and the control plane's own record of its last sweep cycle (a live server's loop writes it).
-NOT_FINGERPRINTED = {"sessions.session", "audit.sweepmark"}
+NOT_FINGERPRINTED = {"sessions.session", "audit.sweepmark", "audit.controlplanebeat"}
 
 
 @dataclass

@@ -90,6 +90,7 @@ def test_the_execution_spec_keys_are_what_a_claim_hands_out():
         env={},
         timeout_seconds=5,
         spec_sha256="0" * 64,
+        secret_env=[],
         output_paths=["out/*"],
         artifact_max_files=1,
         artifact_max_file_bytes=2,

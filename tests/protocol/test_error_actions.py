@@ -50,6 +50,8 @@ SPELLED_OUT = {
     "session_version_conflict": WorkerAction.ADOPT_VERSION,  # heartbeat/drain/offline
     "lease_version_conflict": WorkerAction.ADOPT_VERSION,  # renew
     "session_offline": WorkerAction.RESTART,  # fenced; the goal of the offline call itself
+    # a waiting claim refused for its waitSeconds: an older control plane, short-poll from then on
+    "validation_failed": WorkerAction.FIX_REQUEST,
 }
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agent.client import ApiError, TransportError
 from agent.runtime import Agent, Settings
 from agent.session import Session
 from agent.state import Credential, StateDir
 from protocol import wire
+from protocol.signer import WorkerKey
 
 
 class FakeClient:
@@ -59,7 +59,7 @@ def session_answer(**changes) -> dict:
 def make_agent(tmp_path: Path, script: dict[str, list], **settings) -> tuple[Agent, FakeClient]:
     state = StateDir(tmp_path / "state")
     credential = Credential("http://127.0.0.1:8600", "0190", "edge", "wkc_1")
-    state.save(credential, Ed25519PrivateKey.generate())
+    state.save(credential, WorkerKey.generate())
     client = FakeClient(script)
     agent = Agent(client, credential, state, Settings(backoff_max=0.01, **settings))  # type: ignore[arg-type]
     agent.session = Session("s-1", 1, 2, "online", heartbeat_interval=10, lease_seconds=30)

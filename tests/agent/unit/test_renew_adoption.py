@@ -4,6 +4,7 @@ import pytest
 
 from agent.attempts import AttemptRunner
 from agent.client import ApiError
+from agent.runtime import Settings
 
 
 class StubAgent:
@@ -29,13 +30,14 @@ class StubAgent:
         return {"lease": {"leaseVersion": self.server_version}, "cancelRequested": False}
 
     session = type("S", (), {"fence": staticmethod(lambda: {"sessionId": "s", "generation": 1})})
+    settings = Settings()
 
 
 def runner(agent, version: int) -> AttemptRunner:
     offer = {
-        "execution": {},
+        "execution": {"env": {}},
         "lease": {
-            "attemptId": "a" * 8,
+            "attemptId": "0190a0a0-0000-7000-8000-000000000001",
             "leaseGeneration": 1,
             "leaseVersion": version,
             "offerId": "o",
