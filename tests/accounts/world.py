@@ -24,7 +24,7 @@ from tests.helpers import (
 ROLES = ("viewer", "operator", "admin", "staff_no_group", "superuser")
 
 #: Tables an act never changes but a request may: the login session (and messages kept in it),
-#: and the control plane's own record of its last sweep cycle (a live server's loop writes it).
+#: and the control plane's own records of its last sweep cycle and liveness beat (a live server writes them).
 NOT_FINGERPRINTED = {"sessions.session", "audit.sweepmark", "audit.controlplanebeat"}
 
 
