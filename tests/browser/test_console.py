@@ -107,7 +107,10 @@ def test_the_dashboard_shows_a_worker_come_online_and_its_death(
     issued = enrollment_token_create(worker_id=worker.pk)
     state = tmp_path / "state"
     assert agent(state, "enroll", "--server", live_server.url, "--token", issued.token).wait(30) == 0
-    process = agent(state, "run", "--poll-max", "1")
+    # Short polls: the test's live server is a WSGI thread, which cannot see a waiting claim's
+    # client vanish (the ASGI server of manage.py serve ends the wait when its client goes away),
+    # so a held wait would keep the dead worker's session alive for the rest of its wait bound.
+    process = agent(state, "run", "--poll-max", "1", "--no-long-poll")
     try:
         tab.page.wait_for_function(figure_is("workers-online", "1"), timeout=20_000)
         tab.shot("dashboard-worker-online")
