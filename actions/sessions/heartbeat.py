@@ -345,8 +345,13 @@ def _keep_alive_write(*, worker_id: uuid.UUID, session_id: uuid.UUID, generation
         purpose=Purpose.LEASE,
     )
     session, now = fenced.session, fenced.now
+    # A lapse excused by an outage of the control plane is not a lapse (audit.liveness), as for
+    # the heartbeat: the fence above let it through, the WHERE clause must agree.
     changed = WorkerSession.objects.filter(
-        pk=session.pk, generation=generation, state__in=LIVE_SESSION_STATES, lease_expires_at__gt=now
+        pk=session.pk,
+        generation=generation,
+        state__in=LIVE_SESSION_STATES,
+        lease_expires_at__gt=expiry_cutoff(now) if session.lease_expires_at <= now else now,
     ).update(lease_expires_at=now + session_lease_ttl())
     if changed != 1:
         raise DomainError("session_expired", "the session lease lapsed", field="sessionId")
@@ -364,13 +369,15 @@ def sessions_keep_alive(*, sessions: list[tuple[uuid.UUID, int]]) -> int:
 
     ``sessions``: (session id, generation) of each waiting claim a server process holds (its
     worker is connected and waiting). Every session still live (online or draining), of that
-    generation and not yet lapsed is extended to DB now + TTL once less than half its TTL is left;
-    an ended, replaced or lapsed one is never touched (the ``UPDATE … WHERE`` is the fence), nor
-    its version. Called every half heartbeat interval by ``api.waiting``. Returns rows extended.
+    generation and not yet lapsed (or lapsed during an outage of the control plane, within its
+    grace window: ``audit.liveness.expiry_cutoff``) is extended to DB now + TTL once less than
+    half its TTL is left; an ended, replaced or lapsed one is never touched (the ``UPDATE …
+    WHERE`` is the fence), nor its version. Called every half heartbeat interval by ``api.waiting``. Returns rows extended.
     """
     if not sessions:
         return 0
     now = db_now()
+    cutoff = expiry_cutoff(now)  # a lapse excused by an outage is kept alive too (audit.liveness)
     by_generation: dict[int, list[uuid.UUID]] = {}
     for session_id, generation in sessions:
         by_generation.setdefault(generation, []).append(session_id)
@@ -381,7 +388,7 @@ def sessions_keep_alive(*, sessions: list[tuple[uuid.UUID, int]]) -> int:
                 pk__in=ids[start : start + KEEP_ALIVE_CHUNK],
                 generation=generation,
                 state__in=LIVE_SESSION_STATES,
-                lease_expires_at__gt=now,
+                lease_expires_at__gt=cutoff,
                 lease_expires_at__lt=now + session_lease_ttl() / 2,
             ).update(lease_expires_at=now + session_lease_ttl())
     return extended

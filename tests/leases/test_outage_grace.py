@@ -16,7 +16,7 @@ import pytest
 from actions.leases.expiry import sweep_expired_leases, sweep_stranded_attempts
 from actions.liveness import liveness_beat
 from actions.sessions.expiry import sweep_expired_sessions
-from actions.sessions.heartbeat import session_heartbeat
+from actions.sessions.heartbeat import session_heartbeat, session_keep_alive, sessions_keep_alive
 from audit.liveness import SERVING, expiry_cutoff
 from audit.models import ControlPlaneBeat
 from core.db import db_now
@@ -172,3 +172,19 @@ def test_a_second_outage_inside_the_first_ones_grace_window_keeps_the_first_laps
     assert ControlPlaneBeat.objects.get(name=SERVING).outage_began_at == first_began
     assert sweep_expired_sessions() == 0 and sweep_expired_leases() == 0
     assert renew(held).status == "renewed"
+
+
+def test_a_waiting_claims_keep_alive_in_the_grace_window_excuses_a_lapse_during_the_outage():
+    """The waiting claim (the agent's default long poll) keeps its session like a heartbeat does:
+    one keep-alive and the hub's batch keep-alive both extend a lease that lapsed in the outage."""
+    session, held = running_lease()
+    other, other_held = running_lease()
+    stage_outage(began_seconds_ago=60, recovered_seconds_ago=2)
+    lapse(held, session, seconds_ago=30)  # inside the outage
+    lapse(other_held, other, seconds_ago=30)
+    view = session_keep_alive(
+        worker_id=session.worker.worker_id, session_id=session.session_id, generation=session.generation
+    )
+    assert view.session.lease_expires_at > db_now()
+    assert sessions_keep_alive(sessions=[(other.session_id, other.generation)]) == 1
+    assert WorkerSession.objects.get(pk=other.session_id).lease_expires_at > db_now()
