@@ -50,6 +50,8 @@ from actions.sessions.heartbeat import sessions_keep_alive
 from core import wakeups
 from core.conf import SERVE_STOP_FILE_VARIABLE, protocol
 from core.db import db_now
+from core.dependencies import dependency_error
+from core.errors import DomainError
 from placement.selectors import claimable_placement_classes, placement_admits
 
 log = logging.getLogger("qinglong.waiting")
@@ -377,8 +379,13 @@ class WakeHub:
                 continue
             try:
                 await run_sync(sessions_keep_alive, sessions=sessions)
-            except Exception:
-                log.exception("waiting claims: keeping the waiting sessions alive failed")
+            except DomainError as exc:  # storage_busy, lock_timeout: the next tick tries again
+                log.warning("waiting claims: keep-alive not written this tick: %s", exc.code)
+            except Exception as exc:
+                # An outage of a dependency is one warning per state change (core.dependencies),
+                # not a traceback per tick; anything else is a bug and keeps its traceback.
+                if dependency_error(exc) is None:
+                    log.exception("waiting claims: keeping the waiting sessions alive failed")
 
     async def _listen(self) -> None:
         """PostgreSQL: hold one LISTEN connection and dispatch its notifications until cancelled."""

@@ -146,7 +146,9 @@ def write_path(fn: Callable[P, R]) -> Callable[P, R]:
                         outcome = fn(*args, **kwargs)
         except OperationalError as exc:
             if _sqlstate(exc) == _PG_LOCK_NOT_AVAILABLE:
-                raise DomainError("lock_timeout", "a row lock was not granted in time; retry") from exc
+                raise DomainError(
+                    "lock_timeout", "a row lock was not granted in time; retry", retry_after=1
+                ) from exc
             if is_transient(exc):
                 log.warning("storage busy after retries in %s", fn.__qualname__)
                 raise DomainError("storage_busy", "the database is busy; retry", retry_after=1) from exc

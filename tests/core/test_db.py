@@ -305,6 +305,7 @@ def test_pg_lock_wait_past_lock_timeout_is_a_503_lock_timeout_without_retry(
             with pytest.raises(DomainError) as refused:
                 call()
             assert (refused.value.code, refused.value.status) == ("lock_timeout", 503)
+            assert refused.value.retry_after == 1  # every 503 says when to come back
     finally:
         with connection.cursor() as cursor:
             cursor.execute("RESET lock_timeout")
