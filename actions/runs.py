@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from audit.models import ActorType
@@ -19,9 +19,11 @@ from core.conf import protocol
 from core.db import db_now, write_path
 from core.errors import DomainError
 from core.wakeups import work_ready, worker_changed
+from leases.models import RunDispatchLease
 from leases.settlement import release_expired_lease_of
 from runs.locks import lock_run
 from runs.models import Run, RunAttempt, TaskRevision
+from runs.outcomes import LOST_RETRY_MARGIN
 from runs.states import ATTEMPT_LIVE, RUN_TERMINAL, AttemptState, RunState
 from runs.transitions import bump_run, move_attempt, move_run
 
@@ -113,6 +115,22 @@ def enqueue_revision(
     return run
 
 
+def _lost_attempt_deadline(run: Run) -> datetime | None:
+    """When the run's last attempt, if it was lost, can no longer be running on its worker."""
+    last = RunAttempt.objects.filter(run=run).order_by("-number").first()
+    if last is None or last.state != AttemptState.LOST:
+        return None
+    expired = (
+        RunDispatchLease.objects.filter(attempt=last)
+        .order_by("-expires_at")
+        .values_list("expires_at", flat=True)
+        .first()
+    )
+    if expired is None:
+        return None
+    return expired + timedelta(seconds=run.revision.effective_lost_after_seconds) + LOST_RETRY_MARGIN
+
+
 @write_path
 def run_retry(
     *, run_id: uuid.UUID, actor_type: str = ActorType.OPERATOR, actor: str = "", role: str = ""
@@ -121,7 +139,10 @@ def run_retry(
 
     The new run pins the same revision and priority and starts at attempt 1; the old run is not
     changed. Refused with ``run_not_finished`` while the run is not terminal (it has, or may yet
-    get, a live attempt: cancel it first). Locks: the old run's row (two retries of one run both
+    get, a live attempt: cancel it first), and while its last attempt was lost and may still be
+    running on its worker — before that lease's hard deadline (expiry + ``lost_after_seconds`` +
+    ``LOST_RETRY_MARGIN``, docs/leases.md "Hard deadline"), as an automatic retry waits too.
+    Locks: the old run's row (two retries of one run both
     succeed, one after the other, each a new run). Writes: the new run and its first attempt with
     their events, and ``run.retried`` on the old run naming the new one's actor and ``role``.
     Raises ``run_not_found``, ``run_not_finished``.
@@ -129,6 +150,13 @@ def run_retry(
     old = lock_run(run_id)
     if old.state not in RUN_TERMINAL or RunAttempt.objects.filter(run=old, state__in=ATTEMPT_LIVE).exists():
         raise DomainError("run_not_finished", f"the run is {old.state}; only a finished run can be retried")
+    deadline = _lost_attempt_deadline(old)
+    if deadline is not None and db_now() < deadline:
+        raise DomainError(
+            "run_not_finished",
+            f"its last attempt was lost and may still be running on its worker until "
+            f"{deadline.isoformat(timespec='seconds')} (the hard deadline); retry after that",
+        )
     run = enqueue_revision(
         revision=old.revision,
         priority=old.priority,

@@ -10,8 +10,11 @@ from datetime import timedelta
 import pytest
 
 from actions.leases.expiry import sweep_expired_leases
+from actions.runs import run_retry
 from actions.sessions.shutdown import session_operator_offline
 from actions.workers import worker_revoke
+from core.errors import DomainError
+from leases.models import RunDispatchLease
 from runs.models import Run
 from runs.outcomes import LOST_RETRY_MARGIN
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
@@ -87,3 +90,22 @@ def test_without_a_hard_deadline_an_expired_lease_retries_after_the_backoff_alon
     run = Run.objects.get(pk=run.pk)
     assert run.state == "retry_wait"
     assert (run.next_attempt_at - held.lease().ended_at).total_seconds() <= 1.01
+
+
+def test_an_operator_retry_of_a_worker_lost_run_waits_for_the_hard_deadline(protocol_settings):
+    """The operator's retry is held to the same deadline as an automatic one: the lost attempt may
+    run on its partitioned worker until its lease's expiry + lostAfter (its guard's watchdog)."""
+    protocol_settings(LOST_AFTER_SECONDS=120)
+    session = register(enrolled_worker())
+    run = enqueue(make_revision(max_attempts=1, lost_retry="never"))
+    held = start(claim_one(session))
+    expire_lease(held.attempt_id)
+    assert sweep_expired_leases() == 1
+    assert Run.objects.get(pk=run.pk).error_class == "worker_lost"
+    with pytest.raises(DomainError) as refused:
+        run_retry(run_id=run.pk)
+    assert refused.value.code == "run_not_finished" and "hard deadline" in str(refused.value)
+    assert not Run.objects.filter(retry_of=run.pk).exists()
+    lease = held.lease()  # the deadline passed: the retry is accepted
+    RunDispatchLease.objects.filter(pk=lease.pk).update(expires_at=lease.expires_at - timedelta(seconds=125))
+    assert run_retry(run_id=run.pk).state == "queued"
