@@ -372,7 +372,8 @@ def sessions_keep_alive(*, sessions: list[tuple[uuid.UUID, int]]) -> int:
     generation and not yet lapsed (or lapsed during an outage of the control plane, within its
     grace window: ``audit.liveness.expiry_cutoff``) is extended to DB now + TTL once less than
     half its TTL is left; an ended, replaced or lapsed one is never touched (the ``UPDATE …
-    WHERE`` is the fence), nor its version. Called every half heartbeat interval by ``api.waiting``. Returns rows extended.
+    WHERE`` is the fence), nor its version. Called every half heartbeat interval by
+    ``api.waiting``. Returns rows extended.
     """
     if not sessions:
         return 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-
 from agent.client import ApiError, TransportError
 from agent.runtime import Agent, Settings
 from agent.session import Session
