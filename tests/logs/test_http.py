@@ -262,3 +262,55 @@ def test_a_compacted_log_whose_object_was_deleted_is_a_410_and_one_warning(clien
     answer = client.get(f"/api/v1/ops/runs/{run.pk}/log", headers=headers)
     refused(answer, 410, "log_gone")
     assert len(_warnings(caplog, name)) == 1
+
+
+def test_an_empty_trailing_gap_segment_is_stored_as_its_marker(client, started):
+    api, _, run, fence = started
+    assert api.post(wire.LOG_APPEND, chunk(fence, 1, ("stdout", 0, b"abc\n"))).status_code == 200
+    gap = api.post(wire.LOG_APPEND, chunk(fence, 2, ("stdout", 10, b"")))  # 6 bytes dropped at the end
+    assert gap.status_code == 200, gap.json()
+    log = client.get(f"/api/v1/ops/runs/{run.pk}/log", headers=operator_headers("v", role="viewer"))
+    assert (
+        log.content
+        == b"abc\n[qinglong] gap: 6 bytes of stdout were lost before they reached the control plane\n"
+    )
+
+
+def test_a_zero_byte_artifact_is_stored(client, started, output_dir):
+    api, _, run, fence = started
+    empty = hashlib.sha256(b"").hexdigest()
+    answer = api.post(
+        wire.ARTIFACT_UPLOAD,
+        {**fence, "name": "empty.bin", "size": 0, "sha256": empty, "offset": 0, "content": ""},
+    )
+    assert answer.status_code == 200, answer.json()
+    assert answer.json()["status"] == "stored"
+    artifact = Artifact.objects.get(pk=answer.json()["artifactId"])
+    assert (output_dir / artifact.storage_name).read_bytes() == b""
+    download = client.get(
+        f"/api/v1/ops/runs/{run.pk}/artifacts/{artifact.pk}", headers=operator_headers("v", role="viewer")
+    )
+    assert download.status_code == 200 and b"".join(download.streaming_content) == b""
+
+
+@pytest.mark.parametrize("query", ["after=" + "9" * 4301, "attempt=" + "1" * 4301, "after=" + "0" * 21])
+def test_an_overlong_integer_in_the_log_query_is_a_json_400(client, started, query):
+    _, _, run, _ = started
+    answer = client.get(
+        f"/api/v1/ops/runs/{run.pk}/log?{query}", headers=operator_headers("v", role="viewer")
+    )
+    assert answer.status_code == 400 and answer["Content-Type"] == "application/json", answer.content[:200]
+    assert answer.json()["field"] == query.split("=")[0]
+
+
+@pytest.mark.parametrize(
+    "path, field",
+    [
+        ("/api/v1/ops/runs?limit=" + "9" * 4301, "limit"),
+        ("/api/v1/ops/schedules/preview?cron=*+*+*+*+*&count=" + "9" * 4301, "count"),
+    ],
+)
+def test_an_overlong_integer_query_parameter_is_a_json_400_everywhere(client, path, field):
+    answer = client.get(path, headers=operator_headers("admin", role="admin"))
+    assert answer.status_code == 400, answer.content[:200]
+    assert answer.json()["field"] == field
