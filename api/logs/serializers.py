@@ -9,9 +9,9 @@ import re
 
 from rest_framework import serializers
 
-from api.query import digits_value
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer
 from api.leases.serializers import MAX_COUNTER, LeaseFenceSerializer
+from api.query import digits_value
 from protocol.wire import ARTIFACT_PART_BYTES, LOG_CHUNK_BYTES, LOG_STREAMS, MAX_LOG_SEGMENTS
 
 #: Offsets and sizes stay exact in every JSON reader (2^53).
