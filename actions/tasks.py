@@ -20,6 +20,7 @@ from core.db import UniqueRace, is_unique_violation, write_path
 from core.errors import DomainError
 from placement import spec as placement_spec
 from protocol.errors import ProtocolError
+from protocol.globs import has_control_characters
 from protocol.masking import MIN_SECRET_CHARS
 from protocol.strictjson import display_key
 from runs.locks import lock_task
@@ -66,7 +67,7 @@ def _validate_output(spec: RevisionSpec) -> None:
             or len(glob) > MAX_OUTPUT_PATH_CHARS
             or glob.startswith("/")
             or ".." in parts
-            or "\x00" in glob
+            or has_control_characters(glob)
         ):
             raise DomainError(
                 "validation_failed",

@@ -7,8 +7,7 @@ at the per-attempt cap. Markers start on a line of their own.
 
 from __future__ import annotations
 
-import fnmatch
-
+from protocol import globs as globs_rule
 from protocol.masking import MASK as MASK
 from protocol.masking import MIN_SECRET_CHARS as MIN_SECRET_CHARS
 from protocol.masking import mask as mask
@@ -44,11 +43,9 @@ def truncation_marker(limit: int, *, at_line_start: bool) -> bytes:
 
 def matches_declared(name: str, globs: list[str]) -> bool:
     """Whether the relative ``/``-separated ``name`` matches one of the declared globs
-    (``fnmatch`` rules per path; ``**`` also matches across directories)."""
-    return any(
-        fnmatch.fnmatchcase(name, glob) or fnmatch.fnmatchcase(name, glob.replace("**/", ""))
-        for glob in globs
-    )
+    (``protocol.globs``: ``*`` stays within a segment, ``**`` crosses directories; the agent
+    collects by the same rule)."""
+    return globs_rule.matches_any(name, globs)
 
 
 def object_name(attempt_id: object) -> str:

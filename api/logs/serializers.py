@@ -12,6 +12,7 @@ from rest_framework import serializers
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer
 from api.leases.serializers import MAX_COUNTER, LeaseFenceSerializer
 from api.query import digits_value
+from protocol.globs import has_control_characters
 from protocol.wire import ARTIFACT_PART_BYTES, LOG_CHUNK_BYTES, LOG_STREAMS, MAX_LOG_SEGMENTS
 
 #: Offsets and sizes stay exact in every JSON reader (2^53).
@@ -78,6 +79,8 @@ class ArtifactNameField(StrictCharField):
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
+        if has_control_characters(value):
+            raise serializers.ValidationError("must not contain control characters (CR, LF, NUL, …)")
         parts = value.split("/")
         if (
             value.startswith("/")

@@ -314,3 +314,16 @@ def test_an_overlong_integer_query_parameter_is_a_json_400_everywhere(client, pa
     answer = client.get(path, headers=operator_headers("admin", role="admin"))
     assert answer.status_code == 400, answer.content[:200]
     assert answer.json()["field"] == field
+
+
+def test_a_star_does_not_cross_directories_and_control_characters_are_refused(started):
+    api, _, _, fence = started  # declared: "*.bin"
+    digest = hashlib.sha256(b"x").hexdigest()
+    part = {**fence, "size": 1, "sha256": digest, "offset": 0, "content": b64(b"x")}
+    deep = api.post(wire.ARTIFACT_UPLOAD, {**part, "name": "sub/dir/deep.bin"})
+    refused(deep, 422, "artifact_not_declared")
+    for name in ("a\nb.bin", "a\rb.bin", "a\x00b.bin", "a\x1bb.bin"):
+        answer = api.post(wire.ARTIFACT_UPLOAD, {**part, "name": name})
+        assert answer.status_code == 400 and answer.json()["field"] == "name", answer.json()
+    assert api.post(wire.ARTIFACT_UPLOAD, {**part, "name": "top.bin"}).json()["status"] == "stored"
+    assert not Artifact.objects.exclude(name="top.bin").exists()

@@ -30,7 +30,9 @@ def create(client, env: dict, outputs: dict):
         ({"TOKEN": "s3cr3t-value"}, ["OTHER"], "outputs.secretEnv[0]", "no variable of env"),
     ],
 )
-def test_a_secret_that_could_not_be_masked_or_is_named_twice_is_refused(client, env, secret_env, field, words):
+def test_a_secret_that_could_not_be_masked_or_is_named_twice_is_refused(
+    client, env, secret_env, field, words
+):
     answer = create(client, env, {"secretEnv": secret_env})
     assert answer.status_code == 400, answer.json()
     assert answer.json()["field"] == field and words in answer.json()["message"], answer.json()
