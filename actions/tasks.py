@@ -55,7 +55,8 @@ def _validate_output(spec: RevisionSpec) -> None:
             # Shorter values are never masked (protocol/masking.py): refuse rather than show it.
             raise DomainError(
                 "validation_failed",
-                f"the value of {name!r} is shorter than {MIN_SECRET_CHARS} characters and could not be masked",
+                f"the value of {name!r} is shorter than {MIN_SECRET_CHARS} characters: it could not be"
+                " masked",
                 field=field,
             )
     if len(output.paths) > MAX_OUTPUT_PATHS:

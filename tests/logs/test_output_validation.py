@@ -24,8 +24,8 @@ def create(client, env: dict, outputs: dict):
 @pytest.mark.parametrize(
     "env, secret_env, field, words",
     [
-        ({"PIN": "123"}, ["PIN"], "outputs.secretEnv[0]", "shorter than 4"),
-        ({"PIN": ""}, ["PIN"], "outputs.secretEnv[0]", "shorter than 4"),
+        ({"PIN": "123"}, ["PIN"], "outputs.secretEnv[0]", "shorter than 4 characters"),
+        ({"PIN": ""}, ["PIN"], "outputs.secretEnv[0]", "shorter than 4 characters"),
         ({"TOKEN": "s3cr3t-value"}, ["TOKEN", "TOKEN"], "outputs.secretEnv[1]", "named twice"),
         ({"TOKEN": "s3cr3t-value"}, ["OTHER"], "outputs.secretEnv[0]", "no variable of env"),
     ],
