@@ -53,9 +53,14 @@ def object_name(attempt_id: object) -> str:
     return f"logs/{attempt_id}.log"
 
 
+def artifact_directory(attempt_id: object) -> str:
+    """Storage directory of an attempt's artifacts."""
+    return f"artifacts/{attempt_id}"
+
+
 def artifact_object_name(attempt_id: object, artifact_id: int) -> str:
     """Storage name of one artifact (by id: names may hold any characters)."""
-    return f"artifacts/{attempt_id}/{artifact_id}"
+    return f"{artifact_directory(attempt_id)}/{artifact_id}"
 
 
 def mask_text(text: str, env: dict[str, str], names: list[str]) -> str:

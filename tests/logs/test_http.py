@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 
-from actions.logs import log_compact
+from actions.logs import log_compact, sweep_output_retention
 from actions.runs import sweep_due_retries
 from actions.sessions.shutdown import session_operator_offline
+from core.db import db_now
 from logs.models import Artifact, AttemptLog, LogChunk
 from protocol import wire
 from runs.revisions import OutputSpec
@@ -327,3 +330,29 @@ def test_a_star_does_not_cross_directories_and_control_characters_are_refused(st
         assert answer.status_code == 400 and answer.json()["field"] == "name", answer.json()
     assert api.post(wire.ARTIFACT_UPLOAD, {**part, "name": "top.bin"}).json()["status"] == "stored"
     assert not Artifact.objects.exclude(name="top.bin").exists()
+
+
+def test_an_expired_log_and_artifact_are_a_410_and_the_run_page_says_so(
+    client, output_dir, django_capture_on_commit_callbacks
+):
+    run = enqueue(make_revision(output=OutputSpec(paths=("*.bin",))))
+    held = start(claim_one(register(enrolled_worker())))
+    append(held, 1, b"kept for a while\n")
+    stored = upload(held, "kept.bin", b"bytes")
+    complete(held)
+    assert log_compact(attempt_id=held.attempt_id)
+    past = db_now() - timedelta(seconds=1)
+    AttemptLog.objects.filter(pk=held.attempt_id).update(expires_at=past)
+    Artifact.objects.filter(pk=stored.artifact_id).update(expires_at=past)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep_output_retention() == 2
+    headers = operator_headers("reader", role="viewer")
+    log = client.get(f"/api/v1/ops/runs/{run.pk}/log", headers=headers)
+    refused(log, 410, "log_expired")
+    assert log.json()["details"]["expiredAt"].startswith(past.date().isoformat())
+    artifact = client.get(f"/api/v1/ops/runs/{run.pk}/artifacts/{stored.artifact_id}", headers=headers)
+    refused(artifact, 410, "artifact_expired")
+    assert client.get(f"/api/v1/ops/runs/{run.pk}/artifacts", headers=headers).json() == []
+    client.force_login(get_user_model().objects.create_superuser("root", password="correct horse battery"))
+    page = client.get(f"/admin/runs/run/{run.pk}/change/").content.decode()
+    assert f"log expired on {past.date().isoformat()}" in page
