@@ -6,6 +6,7 @@ import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import IO
 
 from django.db.models import F
@@ -69,7 +70,7 @@ def read_log(
     if log.compacted_at is not None and not log.object_name:
         raise DomainError(
             "log_expired",
-            f"the log of attempt #{attempt.number} expired on {log.expires_at:%Y-%m-%d}",
+            f"the log of attempt #{attempt.number} expired on {_day(log.expires_at)}",
             details={"expiredAt": log.expires_at.isoformat() if log.expires_at else None},
         )
     sizes = {position: size for position, size, _ in log.index}
@@ -96,6 +97,10 @@ def read_log(
         if stream is not None:  # everything stored when the read began was examined
             next_offset = max(next_offset, log.stored_bytes)
     return LogSlice(b"".join(out), next_offset, complete, log.truncated, log.stored_bytes)
+
+
+def _day(moment: datetime | None) -> str:
+    return f"{moment:%Y-%m-%d}" if moment is not None else "an unknown date"
 
 
 def _read_object(log_row: AttemptLog, start: int, length: int) -> bytes:
@@ -165,7 +170,7 @@ def run_artifact(run_id: uuid.UUID, artifact_id: int) -> Artifact:
     if not artifact.storage_name:
         raise DomainError(
             "artifact_expired",
-            f"{artifact.name!r} expired on {artifact.expires_at:%Y-%m-%d}",
-            details={"expiredAt": artifact.expires_at.isoformat()},
+            f"{artifact.name!r} expired on {_day(artifact.expires_at)}",
+            details={"expiredAt": artifact.expires_at.isoformat() if artifact.expires_at else None},
         )
     return artifact
