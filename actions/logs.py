@@ -214,7 +214,7 @@ def log_append(
         data = b"".join(parts)
         room = settings.log_max_bytes - position
         if len(data) > room and not log.truncated:
-            data = data[: max(0, room)]
+            data = data[: rules.utf8_cut(data, max(0, room))]  # no character cut in half
             at_end = data.endswith(b"\n") if data else bool(newline.get(segment.stream, True))
             data += rules.truncation_marker(settings.log_max_bytes, at_line_start=at_end)
             log.truncated = True
