@@ -16,7 +16,7 @@ from core.errors import DomainError
 from leases.fence import fence_lease, require_active
 from logs import rules, storage
 from logs.locks import lock_attempt_log, lock_expired_artifacts
-from logs.models import Artifact, AttemptLog, LogChunk
+from logs.models import Artifact, ArtifactState, AttemptLog, LogChunk
 from protocol import masking
 from runs.models import RunAttempt
 from runs.states import ATTEMPT_TERMINAL, AttemptState
@@ -214,7 +214,7 @@ def log_append(
         data = b"".join(parts)
         room = settings.log_max_bytes - position
         if len(data) > room and not log.truncated:
-            data = data[: max(0, room)]
+            data = data[: rules.utf8_cut(data, max(0, room))]  # no character cut in half
             at_end = data.endswith(b"\n") if data else bool(newline.get(segment.stream, True))
             data += rules.truncation_marker(settings.log_max_bytes, at_line_start=at_end)
             log.truncated = True
@@ -351,25 +351,36 @@ def sweep_log_compaction(batch: int = 64) -> int:
 
 @write_path
 def output_expire(*, attempt_id: uuid.UUID) -> int:
-    """Delete an attempt's expired log and expired artifacts (rows now, stored objects once the
-    transaction commits). Returns the number of rows deleted."""
+    """Expire an attempt's log and artifacts past their retention: their stored objects go once
+    the transaction commits (and the attempt's artifact directory when it is left empty); the
+    log row and stored artifact rows stay, emptied, so reads answer ``log_expired`` /
+    ``artifact_expired`` (docs/logs.md, Retention). Returns the number of rows expired."""
     now = db_now()
     deleted = 0
     log = lock_attempt_log(attempt_id)
     names: list[str] = []
-    if log is not None and log.expires_at is not None and log.expires_at <= now:
+    if log is not None and log.expires_at is not None and log.expires_at <= now and log.object_name:
+        # The row stays (empty object name and index) so a read answers ``log_expired``.
         names.append(log.object_name)
         LogChunk.objects.filter(attempt_id=attempt_id).delete()
-        log.delete()
+        log.object_name, log.index = "", []
+        log.save(update_fields=["object_name", "index"])
         deleted += 1
     for artifact in lock_expired_artifacts(attempt_id, now):
-        names.append(artifact.storage_name)
-        artifact.delete()
+        if artifact.storage_name:
+            names.append(artifact.storage_name)
+        if artifact.state == ArtifactState.STORED:
+            # The row stays (empty storage name) so a download answers ``artifact_expired``.
+            artifact.storage_name = ""
+            artifact.save(update_fields=["storage_name"])
+        else:
+            artifact.delete()  # an upload that never finished
         deleted += 1
 
     def remove_objects() -> None:
         for name in names:
             storage.remove(name)
+        storage.remove_empty_directory(rules.artifact_directory(attempt_id))
 
     transaction.on_commit(remove_objects)
     return deleted
@@ -379,7 +390,11 @@ def sweep_output_retention(batch: int = 64) -> int:
     """Delete logs and artifacts past their retention (the revision's ``output_retention_days``),
     up to ``batch`` attempts, one transaction each. Returns the rows deleted."""
     now = db_now()
-    attempts = set(AttemptLog.objects.filter(expires_at__lte=now).values_list("pk", flat=True)[:batch]) | set(
-        Artifact.objects.filter(expires_at__lte=now).values_list("attempt_id", flat=True)[:batch]
+    logs = AttemptLog.objects.filter(expires_at__lte=now).exclude(object_name="")
+    artifacts = Artifact.objects.filter(expires_at__lte=now).exclude(
+        state=ArtifactState.STORED, storage_name=""
+    )
+    attempts = set(logs.values_list("pk", flat=True)[:batch]) | set(
+        artifacts.values_list("attempt_id", flat=True)[:batch]
     )
     return sum(output_expire(attempt_id=attempt_id) for attempt_id in list(attempts)[:batch])

@@ -20,6 +20,8 @@ from core.db import UniqueRace, is_unique_violation, write_path
 from core.errors import DomainError
 from placement import spec as placement_spec
 from protocol.errors import ProtocolError
+from protocol.globs import has_control_characters
+from protocol.masking import MIN_SECRET_CHARS
 from protocol.strictjson import display_key
 from runs.locks import lock_task
 from runs.models import LostRetry, Task, TaskRevision
@@ -44,9 +46,18 @@ def _validate_output(spec: RevisionSpec) -> None:
     """The output declaration's rules (docs/logs.md, Artifacts and secrets); names the field."""
     output = spec.output
     for index, name in enumerate(output.secret_env):
+        field = f"outputs.secretEnv[{index}]"
         if name not in spec.env:
+            raise DomainError("validation_failed", "names no variable of env", field=field)
+        if name in output.secret_env[:index]:
+            raise DomainError("validation_failed", f"{name!r} is named twice", field=field)
+        if len(spec.env[name]) < MIN_SECRET_CHARS:
+            # Shorter values are never masked (protocol/masking.py): refuse rather than show it.
             raise DomainError(
-                "validation_failed", "names no variable of env", field=f"outputs.secretEnv[{index}]"
+                "validation_failed",
+                f"the value of {name!r} is shorter than {MIN_SECRET_CHARS} characters: it could not be"
+                " masked",
+                field=field,
             )
     if len(output.paths) > MAX_OUTPUT_PATHS:
         raise DomainError("validation_failed", f"at most {MAX_OUTPUT_PATHS} globs", field="outputs.paths")
@@ -57,7 +68,7 @@ def _validate_output(spec: RevisionSpec) -> None:
             or len(glob) > MAX_OUTPUT_PATH_CHARS
             or glob.startswith("/")
             or ".." in parts
-            or "\x00" in glob
+            or has_control_characters(glob)
         ):
             raise DomainError(
                 "validation_failed",

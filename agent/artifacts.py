@@ -9,11 +9,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol import globs
 from protocol.messages import OutputsSpec
 from protocol.wire import ARTIFACT_PART_BYTES
 
@@ -32,20 +34,22 @@ class Found:
 
 
 def collect(work_dir: Path, outputs: OutputsSpec) -> tuple[list[Found], list[str]]:
-    """The regular files under ``work_dir`` matching the declared globs (symlinks and anything
-    resolving outside ``work_dir`` skipped), within the declared limits; and one line per file
+    """The regular files under ``work_dir`` matching the declared globs (``protocol.globs``, the
+    control plane's rule; symlinks and names with control characters skipped), within the
+    declared limits; and one line per file
     left out, saying which limit it broke."""
     root = work_dir.resolve()
     seen: dict[str, Found] = {}
-    for glob in outputs["paths"]:
-        for path in sorted(root.glob(glob)):
-            if path.is_symlink() or not path.is_file():
+    for directory, subdirs, files in os.walk(root):  # symlinked directories are not followed
+        subdirs.sort()
+        for file_name in sorted(files):
+            path = Path(directory) / file_name
+            name = path.relative_to(root).as_posix()
+            if not globs.matches_any(name, outputs["paths"]):
                 continue
-            resolved = path.resolve()
-            if not resolved.is_relative_to(root):
-                continue
-            name = resolved.relative_to(root).as_posix()
-            seen.setdefault(name, Found(name, resolved, resolved.stat().st_size))
+            if path.is_symlink() or not path.is_file() or globs.has_control_characters(name):
+                continue  # the control plane refuses control characters in a name
+            seen.setdefault(name, Found(name, path, path.stat().st_size))
     found: list[Found] = []
     skipped: list[str] = []
     total = 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.http import JsonResponse
 
+from api.query import digits_value
+
 
 class BodyLimitMiddleware:
     """Answer 413 ``body_too_large`` when ``Content-Length`` exceeds the view's ``max_body_bytes``.
@@ -28,7 +30,8 @@ class BodyLimitMiddleware:
         if limit is None:
             return None
         raw_length = request.META.get("CONTENT_LENGTH") or "0"
-        if not raw_length.isascii() or not raw_length.isdigit():
+        length = digits_value(raw_length)
+        if length is None:
             return JsonResponse(
                 {
                     "code": "content_length_invalid",
@@ -37,7 +40,6 @@ class BodyLimitMiddleware:
                 },
                 status=400,
             )
-        length = int(raw_length)
         if length > limit:
             return _too_large(f"the body is {length} bytes; this endpoint takes at most {limit}", limit)
         return None

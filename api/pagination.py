@@ -8,6 +8,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 
+from api.query import query_int
 from core.errors import DomainError
 
 MAX_PAGE = 200
@@ -27,9 +28,7 @@ def paginate(
     ``{"next": url|null, "previous": url|null, "results": [...]}``. ``limit`` is 1–200
     (default 50); ``prepare``, if given, is called with the page's rows before rendering.
     Raises ``validation_failed`` naming ``cursor`` or ``limit``."""
-    limit = request.query_params.get("limit")
-    if limit is not None and (not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE):
-        raise DomainError("validation_failed", f"must be an integer from 1 to {MAX_PAGE}", field="limit")
+    query_int(request, "limit", default=None, low=1, high=MAX_PAGE)
     paginator = OperatorCursor()
     paginator.ordering = ordering
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from .models import Artifact, AttemptLog
+from .models import Artifact, ArtifactState, AttemptLog
 
 
 def lock_attempt_log(attempt_id: uuid.UUID) -> AttemptLog | None:
@@ -20,5 +20,10 @@ def lock_artifact(artifact_id: int) -> Artifact | None:
 
 
 def lock_expired_artifacts(attempt_id: uuid.UUID, now: datetime) -> list[Artifact]:
-    """Lock and return the attempt's artifacts whose retention ended by ``now``."""
-    return list(Artifact.objects.select_for_update().filter(attempt_id=attempt_id, expires_at__lte=now))
+    """Lock and return the attempt's artifacts whose retention ended by ``now`` and that were not
+    expired yet (an expired stored artifact keeps its row with an empty ``storage_name``)."""
+    return list(
+        Artifact.objects.select_for_update()
+        .filter(attempt_id=attempt_id, expires_at__lte=now)
+        .exclude(state=ArtifactState.STORED, storage_name="")
+    )

@@ -7,8 +7,7 @@ at the per-attempt cap. Markers start on a line of their own.
 
 from __future__ import annotations
 
-import fnmatch
-
+from protocol import globs as globs_rule
 from protocol.masking import MASK as MASK
 from protocol.masking import MIN_SECRET_CHARS as MIN_SECRET_CHARS
 from protocol.masking import mask as mask
@@ -42,13 +41,33 @@ def truncation_marker(limit: int, *, at_line_start: bool) -> bytes:
     )
 
 
+def utf8_cut(data: bytes, cut: int) -> int:
+    """Where to cut ``data`` at most ``cut`` bytes in so that no UTF-8 character is split: ``cut``
+    itself, or the start of the character it falls inside (at most 3 bytes earlier) when the
+    bytes there are one valid UTF-8 character. Bytes that are not valid UTF-8 there are cut at
+    ``cut`` (the log is bytes; nothing is dropped for a character that is not one)."""
+    if cut <= 0 or cut >= len(data) or data[cut] & 0xC0 != 0x80:
+        return cut  # not inside a multi-byte character
+    for start in range(cut - 1, max(-1, cut - 4), -1):
+        lead = data[start]
+        if lead & 0xC0 == 0x80:
+            continue
+        length = 2 if lead & 0xE0 == 0xC0 else 3 if lead & 0xF0 == 0xE0 else 4 if lead & 0xF8 == 0xF0 else 1
+        if start + length <= cut:
+            return cut
+        try:
+            data[start : start + length].decode("utf-8")
+        except UnicodeDecodeError:
+            return cut
+        return start
+    return cut
+
+
 def matches_declared(name: str, globs: list[str]) -> bool:
     """Whether the relative ``/``-separated ``name`` matches one of the declared globs
-    (``fnmatch`` rules per path; ``**`` also matches across directories)."""
-    return any(
-        fnmatch.fnmatchcase(name, glob) or fnmatch.fnmatchcase(name, glob.replace("**/", ""))
-        for glob in globs
-    )
+    (``protocol.globs``: ``*`` stays within a segment, ``**`` crosses directories; the agent
+    collects by the same rule)."""
+    return globs_rule.matches_any(name, globs)
 
 
 def object_name(attempt_id: object) -> str:
@@ -56,9 +75,14 @@ def object_name(attempt_id: object) -> str:
     return f"logs/{attempt_id}.log"
 
 
+def artifact_directory(attempt_id: object) -> str:
+    """Storage directory of an attempt's artifacts."""
+    return f"artifacts/{attempt_id}"
+
+
 def artifact_object_name(attempt_id: object, artifact_id: int) -> str:
     """Storage name of one artifact (by id: names may hold any characters)."""
-    return f"artifacts/{attempt_id}/{artifact_id}"
+    return f"{artifact_directory(attempt_id)}/{artifact_id}"
 
 
 def mask_text(text: str, env: dict[str, str], names: list[str]) -> str:

@@ -6,6 +6,7 @@ import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import IO
 
 from django.db.models import F
@@ -60,11 +61,18 @@ def read_log(
     """The stored log of ``attempt`` from combined position ``after`` (bytes ≥ 0), only the
     ``stream`` (stdout | stderr) segments when given, at most ``limit`` bytes. ``next_offset`` is
     where the next read continues: the end of what was returned, or of what was examined when
-    filtering by stream. Markers belong to the stream they interrupt."""
+    filtering by stream. Markers belong to the stream they interrupt. Raises ``log_expired``
+    once the retention sweep deleted the log, ``log_gone``."""
     complete = attempt.state in ATTEMPT_TERMINAL
     log = AttemptLog.objects.filter(pk=attempt.pk).first()
     if log is None:
         return LogSlice(b"", after, complete, False, 0)
+    if log.compacted_at is not None and not log.object_name:
+        raise DomainError(
+            "log_expired",
+            f"the log of attempt #{attempt.number} expired on {_day(log.expires_at)}",
+            details={"expiredAt": log.expires_at.isoformat() if log.expires_at else None},
+        )
     sizes = {position: size for position, size, _ in log.index}
     out: list[bytes] = []
     taken = 0
@@ -89,6 +97,10 @@ def read_log(
         if stream is not None:  # everything stored when the read began was examined
             next_offset = max(next_offset, log.stored_bytes)
     return LogSlice(b"".join(out), next_offset, complete, log.truncated, log.stored_bytes)
+
+
+def _day(moment: datetime | None) -> str:
+    return f"{moment:%Y-%m-%d}" if moment is not None else "an unknown date"
 
 
 def _read_object(log_row: AttemptLog, start: int, length: int) -> bytes:
@@ -124,9 +136,9 @@ def open_artifact(artifact: Artifact) -> IO[bytes]:
 def attempt_artifacts(attempt_ids: list[uuid.UUID]) -> list[Artifact]:
     """The stored artifacts of these attempts, by attempt then name."""
     return list(
-        Artifact.objects.filter(attempt_id__in=attempt_ids, state=ArtifactState.STORED).order_by(
-            "attempt", "name"
-        )
+        Artifact.objects.filter(attempt_id__in=attempt_ids, state=ArtifactState.STORED)
+        .exclude(storage_name="")
+        .order_by("attempt", "name")
     )
 
 
@@ -143,14 +155,22 @@ def run_artifacts(run_id: uuid.UUID) -> list[Artifact]:
     """The stored artifacts of every attempt of a run, by attempt number then name."""
     return list(
         Artifact.objects.filter(run_id=run_id, state=ArtifactState.STORED)
+        .exclude(storage_name="")
         .select_related("attempt")
         .order_by("attempt__number", "name")
     )
 
 
 def run_artifact(run_id: uuid.UUID, artifact_id: int) -> Artifact:
-    """One stored artifact of a run. Raises ``artifact_not_found``."""
+    """One stored artifact of a run. Raises ``artifact_not_found``, ``artifact_expired`` (the
+    retention sweep deleted its file)."""
     artifact = Artifact.objects.filter(run_id=run_id, pk=artifact_id, state=ArtifactState.STORED).first()
     if artifact is None:
         raise DomainError("artifact_not_found", "no such artifact of this run")
+    if not artifact.storage_name:
+        raise DomainError(
+            "artifact_expired",
+            f"{artifact.name!r} expired on {_day(artifact.expires_at)}",
+            details={"expiredAt": artifact.expires_at.isoformat() if artifact.expires_at else None},
+        )
     return artifact

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 
@@ -32,3 +34,17 @@ def remove(name: str) -> None:
     """Delete a stored object if it exists."""
     if name:
         output_storage().delete(name)
+
+
+def remove_empty_directory(name: str) -> None:
+    """Remove the directory ``name`` of a filesystem storage when it exists and is empty (other
+    storages have no directories: nothing to do)."""
+    storage = output_storage()
+    try:
+        path = storage.path(name)
+    except NotImplementedError:
+        return
+    try:
+        os.rmdir(path)
+    except OSError:  # missing or not empty
+        pass

@@ -350,6 +350,18 @@ CATALOGUE: dict[str, ErrorSpec] = {
         "(deleted outside the control plane); nothing can be downloaded.",
         WorkerAction.NONE,
     ),
+    "log_expired": ErrorSpec(
+        410,
+        "The attempt's log passed its retention (outputs.retentionDays) and was deleted; "
+        "details.expiredAt says when.",
+        WorkerAction.NONE,
+    ),
+    "artifact_expired": ErrorSpec(
+        410,
+        "The artifact passed its retention (outputs.retentionDays) and was deleted; details.expiredAt "
+        "says when.",
+        WorkerAction.NONE,
+    ),
     "log_gone": ErrorSpec(
         410,
         "The attempt's compacted log object is missing from the output storage (deleted outside "

@@ -11,6 +11,8 @@ from rest_framework import serializers
 
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer
 from api.leases.serializers import MAX_COUNTER, LeaseFenceSerializer
+from api.query import digits_value
+from protocol.globs import has_control_characters
 from protocol.wire import ARTIFACT_PART_BYTES, LOG_CHUNK_BYTES, LOG_STREAMS, MAX_LOG_SEGMENTS
 
 #: Offsets and sizes stay exact in every JSON reader (2^53).
@@ -24,6 +26,11 @@ class Base64Field(StrictCharField):
     def __init__(self, *, max_bytes: int, **kwargs):
         self.max_bytes = max_bytes
         super().__init__(allow_blank=True, max_length=4 * ((max_bytes + 2) // 3), **kwargs)
+
+    def run_validation(self, data=serializers.empty):
+        # DRF answers a blank string with "" before to_internal_value runs: empty content is b"".
+        value = super().run_validation(data)
+        return b"" if value == "" else value
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
@@ -72,6 +79,8 @@ class ArtifactNameField(StrictCharField):
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
+        if has_control_characters(value):
+            raise serializers.ValidationError("must not contain control characters (CR, LF, NUL, …)")
         parts = value.split("/")
         if (
             value.startswith("/")
@@ -112,11 +121,11 @@ class LogQuerySerializer(StrictSerializer):
 
     def to_internal_value(self, data):
         # Query strings are text: digits become integers here, anything else is refused by field.
+        # An overlong or non-digit value stays text, which the integer field refuses by name.
         converted = {}
         for key, value in data.items():
-            converted[key] = (
-                int(value) if key in ("attempt", "after") and value.isascii() and value.isdigit() else value
-            )
+            number = digits_value(value) if key in ("attempt", "after") else None
+            converted[key] = value if number is None else number
         return super().to_internal_value(converted)
 
 

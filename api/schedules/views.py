@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from actions.schedules import schedule_create, schedule_delete, schedule_update
 from api.base import OperatorAPIView
+from api.query import query_int
 from audit.models import ActorType
 from core.db import db_now
 from core.errors import DomainError
@@ -125,12 +126,9 @@ def spec_of(schedule: Schedule) -> rules.ScheduleSpec:
 
 
 def _query_int(request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    if not raw.isascii() or not raw.isdigit() or not low <= int(raw) <= high:
-        raise DomainError("validation_failed", f"must be an integer from {low} to {high}", field=name)
-    return int(raw)
+    value = query_int(request, name, default=default, low=low, high=high)
+    assert value is not None  # a default is given
+    return value
 
 
 class SchedulePreviewView(OperatorAPIView):

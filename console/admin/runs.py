@@ -834,7 +834,16 @@ class RunAdmin(ReadOnlyAdmin):
         url = reverse("ops-run-log", args=[run.pk])
         blocks = []
         for attempt in attempts:
-            piece = read_log(attempt, limit=ADMIN_LOG_BYTES)
+            try:
+                piece = read_log(attempt, limit=ADMIN_LOG_BYTES)
+            except DomainError as exc:
+                if exc.code != "log_expired":
+                    raise
+                expired = str((exc.details or {}).get("expiredAt") or "")
+                blocks.append(
+                    (attempt.number, f"log expired on {expired[:10]}", "", "", "true", 0, attempt.number, "")
+                )
+                continue
             blocks.append(
                 (
                     attempt.number,

@@ -156,6 +156,22 @@ def test_the_cap_keeps_the_first_bytes_then_one_truncation_marker(output_setting
     assert LogChunk.objects.filter(attempt_id=held.attempt_id).count() == 2
 
 
+@pytest.mark.parametrize(
+    "content, kept",
+    [
+        ("12345678\né".encode(), b"12345678\n"),  # 2 bytes, the cut falls after the first
+        ("1234567\n€".encode(), b"1234567\n"),  # 3 bytes, cut after two of them
+        ("12345678\na€".encode(), b"12345678\na"),
+        (b"12345678\n\x80\x80", b"12345678\n\x80"),  # not UTF-8: cut where the cap says
+    ],
+)
+def test_the_cap_does_not_cut_a_utf8_character_in_half(output_settings, content, kept):
+    output_settings(LOG_MAX_BYTES=10)
+    held, _ = running()
+    assert append(held, 1, content).status == "truncated"
+    assert text(held) == kept + rules.truncation_marker(10, at_line_start=kept.endswith(b"\n"))
+
+
 def test_secret_values_are_masked_before_storage():
     env = {"API_TOKEN": "s3cr3t-value", "PLAIN": "visible"}
     held, _ = running(env=env, output=OutputSpec(secret_env=("API_TOKEN",)))

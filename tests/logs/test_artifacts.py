@@ -143,5 +143,10 @@ def test_the_retention_sweep_deletes_expired_logs_and_artifacts(
     Artifact.objects.filter(pk=artifact.pk).update(expires_at=past)
     with django_capture_on_commit_callbacks(execute=True):  # the objects go once the rows' delete commits
         assert sweep_output_retention() == 2
-    assert not AttemptLog.objects.exists() and not Artifact.objects.exists()
+    # The rows stay, emptied, so reads answer log_expired / artifact_expired.
+    assert AttemptLog.objects.get(pk=held.attempt_id).object_name == ""
+    assert Artifact.objects.get(pk=artifact.pk).storage_name == ""
     assert not any(path.exists() for path in files)
+    assert not files[1].parent.exists()  # the attempt's artifact directory went with its last file
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep_output_retention() == 0  # expired once

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 
-from actions.logs import log_compact
+from actions.logs import log_compact, sweep_output_retention
 from actions.runs import sweep_due_retries
 from actions.sessions.shutdown import session_operator_offline
+from core.db import db_now
 from logs.models import Artifact, AttemptLog, LogChunk
 from protocol import wire
 from runs.revisions import OutputSpec
@@ -262,3 +265,94 @@ def test_a_compacted_log_whose_object_was_deleted_is_a_410_and_one_warning(clien
     answer = client.get(f"/api/v1/ops/runs/{run.pk}/log", headers=headers)
     refused(answer, 410, "log_gone")
     assert len(_warnings(caplog, name)) == 1
+
+
+def test_an_empty_trailing_gap_segment_is_stored_as_its_marker(client, started):
+    api, _, run, fence = started
+    assert api.post(wire.LOG_APPEND, chunk(fence, 1, ("stdout", 0, b"abc\n"))).status_code == 200
+    gap = api.post(wire.LOG_APPEND, chunk(fence, 2, ("stdout", 10, b"")))  # 6 bytes dropped at the end
+    assert gap.status_code == 200, gap.json()
+    log = client.get(f"/api/v1/ops/runs/{run.pk}/log", headers=operator_headers("v", role="viewer"))
+    assert (
+        log.content
+        == b"abc\n[qinglong] gap: 6 bytes of stdout were lost before they reached the control plane\n"
+    )
+
+
+def test_a_zero_byte_artifact_is_stored(client, started, output_dir):
+    api, _, run, fence = started
+    empty = hashlib.sha256(b"").hexdigest()
+    answer = api.post(
+        wire.ARTIFACT_UPLOAD,
+        {**fence, "name": "empty.bin", "size": 0, "sha256": empty, "offset": 0, "content": ""},
+    )
+    assert answer.status_code == 200, answer.json()
+    assert answer.json()["status"] == "stored"
+    artifact = Artifact.objects.get(pk=answer.json()["artifactId"])
+    assert (output_dir / artifact.storage_name).read_bytes() == b""
+    download = client.get(
+        f"/api/v1/ops/runs/{run.pk}/artifacts/{artifact.pk}", headers=operator_headers("v", role="viewer")
+    )
+    assert download.status_code == 200 and b"".join(download.streaming_content) == b""
+
+
+@pytest.mark.parametrize("query", ["after=" + "9" * 4301, "attempt=" + "1" * 4301, "after=" + "0" * 21])
+def test_an_overlong_integer_in_the_log_query_is_a_json_400(client, started, query):
+    _, _, run, _ = started
+    answer = client.get(
+        f"/api/v1/ops/runs/{run.pk}/log?{query}", headers=operator_headers("v", role="viewer")
+    )
+    assert answer.status_code == 400 and answer["Content-Type"] == "application/json", answer.content[:200]
+    assert answer.json()["field"] == query.split("=")[0]
+
+
+@pytest.mark.parametrize(
+    "path, field",
+    [
+        ("/api/v1/ops/runs?limit=" + "9" * 4301, "limit"),
+        ("/api/v1/ops/schedules/preview?cron=*+*+*+*+*&count=" + "9" * 4301, "count"),
+    ],
+)
+def test_an_overlong_integer_query_parameter_is_a_json_400_everywhere(client, path, field):
+    answer = client.get(path, headers=operator_headers("admin", role="admin"))
+    assert answer.status_code == 400, answer.content[:200]
+    assert answer.json()["field"] == field
+
+
+def test_a_star_does_not_cross_directories_and_control_characters_are_refused(started):
+    api, _, _, fence = started  # declared: "*.bin"
+    digest = hashlib.sha256(b"x").hexdigest()
+    part = {**fence, "size": 1, "sha256": digest, "offset": 0, "content": b64(b"x")}
+    deep = api.post(wire.ARTIFACT_UPLOAD, {**part, "name": "sub/dir/deep.bin"})
+    refused(deep, 422, "artifact_not_declared")
+    for name in ("a\nb.bin", "a\rb.bin", "a\x00b.bin", "a\x1bb.bin"):
+        answer = api.post(wire.ARTIFACT_UPLOAD, {**part, "name": name})
+        assert answer.status_code == 400 and answer.json()["field"] == "name", answer.json()
+    assert api.post(wire.ARTIFACT_UPLOAD, {**part, "name": "top.bin"}).json()["status"] == "stored"
+    assert not Artifact.objects.exclude(name="top.bin").exists()
+
+
+def test_an_expired_log_and_artifact_are_a_410_and_the_run_page_says_so(
+    client, output_dir, django_capture_on_commit_callbacks
+):
+    run = enqueue(make_revision(output=OutputSpec(paths=("*.bin",))))
+    held = start(claim_one(register(enrolled_worker())))
+    append(held, 1, b"kept for a while\n")
+    stored = upload(held, "kept.bin", b"bytes")
+    complete(held)
+    assert log_compact(attempt_id=held.attempt_id)
+    past = db_now() - timedelta(seconds=1)
+    AttemptLog.objects.filter(pk=held.attempt_id).update(expires_at=past)
+    Artifact.objects.filter(pk=stored.artifact_id).update(expires_at=past)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep_output_retention() == 2
+    headers = operator_headers("reader", role="viewer")
+    log = client.get(f"/api/v1/ops/runs/{run.pk}/log", headers=headers)
+    refused(log, 410, "log_expired")
+    assert log.json()["details"]["expiredAt"].startswith(past.date().isoformat())
+    artifact = client.get(f"/api/v1/ops/runs/{run.pk}/artifacts/{stored.artifact_id}", headers=headers)
+    refused(artifact, 410, "artifact_expired")
+    assert client.get(f"/api/v1/ops/runs/{run.pk}/artifacts", headers=headers).json() == []
+    client.force_login(get_user_model().objects.create_superuser("root", password="correct horse battery"))
+    page = client.get(f"/admin/runs/run/{run.pk}/change/").content.decode()
+    assert f"log expired on {past.date().isoformat()}" in page
