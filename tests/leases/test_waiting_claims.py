@@ -235,3 +235,29 @@ def test_a_waiting_claim_with_nothing_to_do_answers_at_its_bound(live_server, pr
     assert body["ended"] == "timeout" and body["offers"] == []
     assert 1.35 <= body["waitSeconds"] <= 1.5  # the server's bound (less its jitter), told to the worker
     assert body["waitSeconds"] - 0.1 <= elapsed < 15
+
+
+# --- review-18: found from the outside (operator forces a key rotation while the worker waits) ---
+
+
+@pytest.mark.django_db(transaction=True)
+def test_review18_a_forced_rotation_reaches_a_waiting_worker_without_waiting_out_the_bound(live_server):
+    """Before long polls the agent heard rotationRequired at its next heartbeat (10 s); a held
+    wait postpones heartbeats, and a forced rotation neither wakes the wait nor shows in its
+    timeout answer (the session read by the first round)."""
+    from actions.credentials import credential_force_rotation
+
+    session = register(enrolled_worker())
+    answers: list[tuple[int, dict]] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(wait_request(live_server.url, session, wait=12, offers=0)), daemon=True
+    )
+    waiting.start()
+    wait_for(lambda: HUB.count >= 1, 20, "the waiting claim to wait")
+    sent = time.monotonic()
+    credential_force_rotation(worker_id=session.worker.worker_id)
+    waiting.join(30)
+    status, body = answers[0]
+    assert status == 200, body
+    assert body["session"]["rotationRequired"] is True, body["session"]
+    assert time.monotonic() - sent < 5
