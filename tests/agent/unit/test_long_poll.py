@@ -5,15 +5,15 @@ what it does with the answer, and its fallback to short polling against an older
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agent.client import ApiError, TransportError
 from agent.runtime import Agent, Settings
 from agent.session import Session
 from agent.state import Credential, StateDir
 from protocol import wire
+from protocol.signer import WorkerKey
 
 
 class FakeClient:
@@ -59,7 +59,7 @@ def session_answer(**changes) -> dict:
 def make_agent(tmp_path: Path, script: dict[str, list], **settings) -> tuple[Agent, FakeClient]:
     state = StateDir(tmp_path / "state")
     credential = Credential("http://127.0.0.1:8600", "0190", "edge", "wkc_1")
-    state.save(credential, Ed25519PrivateKey.generate())
+    state.save(credential, WorkerKey.generate())
     client = FakeClient(script)
     agent = Agent(client, credential, state, Settings(backoff_max=0.01, **settings))  # type: ignore[arg-type]
     agent.session = Session("s-1", 1, 2, "online", heartbeat_interval=10, lease_seconds=30)
@@ -124,3 +124,35 @@ def test_with_no_slot_free_the_wait_only_watches_and_a_finished_runner_cuts_it_s
     agent.runner_done("a-1")  # the slot is free: the watch is cut short at once
     waiting.join(5)
     assert not waiting.is_alive()
+
+
+def test_a_wait_not_answered_brings_the_heartbeat_back_before_the_call_gives_up(tmp_path):
+    """Review of issue 18, finding 1: the heartbeat is pushed back past each wait, and the wait's
+    call retries through an outage; the first try not answered (refused, timed out, 503) must
+    bring the heartbeat back at once — the server holding the wait, and its keep-alive, may be
+    gone — not only once the call fails for good."""
+    due_at_retry: list[float] = []
+    answer = {
+        "offers": [],
+        "cancelRequested": [],
+        "waitSeconds": 25.0,
+        "ended": "timeout",
+        "session": session_answer(),
+    }
+    agent, client = make_agent(tmp_path, {wire.CLAIM_WAIT: []}, wait_seconds=30)
+    agent.claims.granted = 25.0  # a wait was answered before: this one postpones the heartbeat
+    tries = iter([TransportError("connection refused"), ApiError(503, "storage_unavailable", "down"), None])
+
+    def post(path, body, **kwargs):
+        client.calls.append((path, body, kwargs))
+        outcome = next(tries)
+        due_at_retry.append(agent.heartbeat._due - time.monotonic())
+        if outcome is not None:
+            raise outcome
+        return answer
+
+    client.post = post  # type: ignore[method-assign]
+    assert agent.claims.wait_once() == 0
+    assert len(client.calls) == 3
+    assert due_at_retry[0] > 25  # postponed past the wait while the first try was in flight
+    assert due_at_retry[1] <= 0 and due_at_retry[2] <= 0  # due at once from the first failed try
