@@ -12,10 +12,13 @@ on the event loop (docs/leases.md, "Waiting claims"):
    and claim if any attempt is claimable (``lease_claim``, the one synchronous claim service:
    fence and capacity are checked at the moment of claiming, every time);
 2. answer at once if offers were claimed or a watched attempt's cancellation was requested;
-3. otherwise sleep on the process's hub (``api.waiting``) until a wake-up, then claim again;
-4. answer when the bound passes (``ended: timeout``), on shutdown, or with the refusal of any
+3. otherwise sleep on the process's hub (``api.waiting``) until a wake-up, then claim again; a
+   worker wake-up after which the session reads changed (version, state, a forced key
+   rotation) answers at once (``ended: session``) with that fresh read;
+4. answer when the bound passes (``ended: timeout``), on shutdown, when a newer wait of the same
+   session supersedes this one (``superseded``: at most ``MAX_WAITS_PER_SESSION``), or with the refusal of any
    claim — a session replaced, expired or offline, a revoked worker, a draining session
-   (``session_draining``) end the wait fenced, having claimed nothing.
+   (``session_draining``, a watch-only wait too) end the wait fenced, having claimed nothing.
 
 No thread and no database connection is held while waiting; ``capacity_exhausted`` does not
 end a wait (the lease that frees capacity wakes it).
