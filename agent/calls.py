@@ -128,9 +128,11 @@ def classify(exc: ApiError) -> Stop | None:
 QUIET_RETRY_SECONDS = 30.0
 
 
-def _log_retry(path: str) -> Callable[[RetryCallState], None]:
+def _log_retry(path: str, on_retry: Callable[[], None] | None = None) -> Callable[[RetryCallState], None]:
     def before_sleep(retry_state: RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if on_retry is not None:
+            on_retry()
         quiet = (retry_state.seconds_since_start or 0.0) < QUIET_RETRY_SECONDS
         log.log(logging.INFO if quiet else logging.WARNING, "retrying %s: %s", path, exc)
 
@@ -147,10 +149,13 @@ def call(
     stop: threading.Event | None = None,
     timeout: float | None = None,
     interruptible: bool = False,
+    on_retry: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """POST with retries on transient failures for up to ``patience`` seconds (None: forever).
 
     ``timeout`` and ``interruptible`` are passed to the client for each try (a long poll).
+    ``on_retry`` is called after each try that failed transiently (no answer, a timeout, a
+    429/503), before the backoff: a waiting claim resumes the heartbeat there (docs/sessions.md).
 
     A retry that would start after ``patience`` is not made (``stop_before_delay``), so a
     renewal never outlives its lease; a set ``stop`` event ends the retries too. Raises Stop for
@@ -164,7 +169,7 @@ def call(
         wait=backoff(backoff_max),
         stop=stop_any(*stops),
         reraise=True,
-        before_sleep=_log_retry(path),
+        before_sleep=_log_retry(path, on_retry),
     )
     try:
         if timeout is None and not interruptible:

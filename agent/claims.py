@@ -123,6 +123,10 @@ class Claims:
                     stop=self._interrupted,
                     timeout=agent.settings.wait_seconds + WAIT_SLACK_SECONDS,
                     interruptible=True,
+                    # A try not answered (refused, timed out, 5xx): the server may be gone, and
+                    # with it the keep-alive of this wait — heartbeat again at once, not only
+                    # once the call gives up (it retries through an outage).
+                    on_retry=agent.heartbeat.resume,
                 ),
             )
         except ApiError as exc:

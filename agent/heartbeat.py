@@ -10,8 +10,9 @@ A fenced session or a refused credential stops the agent (``Agent.fail``).
 While waiting claims follow one another they keep the session alive instead (the server extends
 the lease at each wait's start, docs/sessions.md "Waiting claims keep the session alive"): the
 claim loop pushes the next heartbeat back past the wait (:meth:`Heartbeat.postpone`) and hands
-each wait's session answer over (:meth:`Heartbeat.apply`); a wait that fails brings the
-heartbeat back at once (:meth:`Heartbeat.resume`).
+each wait's session answer over (:meth:`Heartbeat.apply`); a wait that fails — already its
+first try not answered, while the call still retries — brings the heartbeat back at once
+(:meth:`Heartbeat.resume`).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -109,6 +109,7 @@ class Agent:
         stop: threading.Event | None = None,
         timeout: float | None = None,
         interruptible: bool = False,
+        on_retry: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """POST with the retry policy of ``agent.calls`` (see :func:`agent.calls.call`)."""
         return calls.call(
@@ -120,6 +121,7 @@ class Agent:
             stop=stop,
             timeout=timeout,
             interruptible=interruptible,
+            on_retry=on_retry,
         )
 
     def fail(self, stop: Stop) -> None:

@@ -19,7 +19,8 @@ wait claims at its start. ``shutdown()`` ends every wait at once — called when
 serve`` is stopping (its stop file appears), since Granian waits for open requests to end.
 
 A held wait is its worker's heartbeat: every half heartbeat interval the hub extends the session
-leases of all its waiters, a statement per 500 (``sessions_keep_alive``), so an idle worker sends
+leases of all its waiters to a full TTL (once less than TTL − that tick is left), a statement per
+500 (``sessions_keep_alive``), so an idle worker sends
 only its waits (docs/sessions.md, "Waiting claims keep the session alive").
 
 The hub's own work (the LISTEN connection, the slow re-check) runs on one event loop in one
@@ -70,6 +71,11 @@ STOP_POLL_SECONDS = 0.2
 IDLE_STOP_SECONDS = 10.0
 #: Seconds between two attempts to (re)open the LISTEN connection after it failed.
 LISTEN_RETRY_SECONDS = 1.0
+#: Waiting claims one session may hold in a process at once; a newer one supersedes the oldest,
+#: which answers at once (``ended: superseded``): a worker cannot pile up held requests.
+MAX_WAITS_PER_SESSION = 2
+#: Wake-up reasons that end a wait whatever woke it before.
+FINAL_REASONS = frozenset({"shutdown", "superseded"})
 
 
 def _closing(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -98,6 +104,7 @@ class Waiter:
         "reason",
         "session",
         "since",
+        "superseded",
         "wants_work",
         "worker_id",
     )
@@ -114,9 +121,11 @@ class Waiter:
         self.reason = ""
         self.pending = False
         self.since = time.monotonic()
+        #: A newer wait of the same session took its place (see :meth:`WakeHub.add`).
+        self.superseded = False
 
     def wake(self, reason: str) -> None:
-        if self.pending and reason != "shutdown":
+        if self.pending and reason not in FINAL_REASONS:
             return
         self.pending = True
         try:
@@ -125,7 +134,7 @@ class Waiter:
             pass
 
     def _set(self, reason: str) -> None:
-        if not self.reason or reason == "shutdown":
+        if not self.reason or reason in FINAL_REASONS:
             self.reason = reason
         self.event.set()
 
@@ -245,10 +254,26 @@ class WakeHub:
             return [waiter for waiters in self.by_worker.values() for waiter in waiters]
 
     def add(self, waiter: Waiter) -> None:
+        """Register a waiting request. A session holds at most :data:`MAX_WAITS_PER_SESSION`
+        waits here: the oldest beyond that is woken ``superseded`` (it answers at once)."""
         with self._lock:
-            self.by_worker.setdefault(waiter.worker_id, set()).add(waiter)
+            waiters = self.by_worker.setdefault(waiter.worker_id, set())
+            same = sorted(
+                (
+                    other
+                    for other in waiters
+                    if other.session[0] == waiter.session[0] and not other.superseded
+                ),
+                key=lambda other: other.since,
+            )
+            superseded = same[: max(0, len(same) + 1 - MAX_WAITS_PER_SESSION)]
+            for other in superseded:
+                other.superseded = True
+            waiters.add(waiter)
             self.used = True
             self._start_locked()
+        for other in superseded:
+            other.wake("superseded")
         if self.closing:
             waiter.wake("shutdown")
 
@@ -373,12 +398,13 @@ class WakeHub:
     async def _keep_alive(self) -> None:
         """Every half heartbeat interval, keep the sessions of the held waits alive."""
         while True:
-            await asyncio.sleep(protocol().heartbeat_interval_seconds / 2)
+            tick = protocol().heartbeat_interval_seconds / 2
+            await asyncio.sleep(tick)
             sessions = sorted({waiter.session for waiter in self._all()})
             if not sessions:
                 continue
             try:
-                await run_sync(sessions_keep_alive, sessions=sessions)
+                await run_sync(sessions_keep_alive, sessions=sessions, tick=tick)
             except DomainError as exc:  # storage_busy, lock_timeout: the next tick tries again
                 log.warning("waiting claims: keep-alive not written this tick: %s", exc.code)
             except Exception as exc:

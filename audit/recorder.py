@@ -14,6 +14,7 @@ from .models import ActorType, Event
 WAKE_WORKER_KINDS = frozenset(
     {
         "session.registered",
+        "credential.rotation_forced",
         "session.replaced",
         "session.fenced",
         "session.expired",

@@ -508,11 +508,18 @@ def main() -> int:
             figures = asyncio.run(fleet(server, workers, ARGS.fleet_seconds))
             for key, value in figures.items():
                 print(f"fleet {key}: {value:.2f}" if isinstance(value, float) else f"fleet {key}: {value}")
+        else:
+            figures = {"refused": 0, "late": 0}
+        load = os.getloadavg()
+        print(f"load average (1/5/15 min) at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        # The four required keys first, then the fleet's failures (0 and 0 for a healthy fleet, or
+        # when --fleet 0 skipped it), so that a failing fleet shows on the machine-readable line.
         print(
             f"enqueue_to_starting_p50_ms={long_poll['p50']:.0f} "
             f"enqueue_to_starting_p99_ms={long_poll['p99']:.0f} "
             f"cancel_to_stop_p50_ms={long_poll['cancel_p50']:.0f} "
-            f"idle_requests_per_worker_per_min={long_poll['idle']:.2f}"
+            f"idle_requests_per_worker_per_min={long_poll['idle']:.2f} "
+            f"fleet_refused={int(figures['refused'])} fleet_late={int(figures['late'])}"
         )
     finally:
         server.stop()

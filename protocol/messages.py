@@ -230,8 +230,8 @@ class ClaimAnswer(TypedDict):
 class ClaimWaitAnswer(TypedDict):
     """The answer to a waiting claim: the offers claimed (maybe none), the watched attempts whose
     cancellation was requested, the wait the server granted and how it ended (``offers``,
-    ``cancel``, ``session``, ``timeout``, ``shutdown``), and the session as a heartbeat answers
-    it (the wait kept it alive)."""
+    ``cancel``, ``session``, ``timeout``, ``shutdown``, ``superseded``), and the session as a
+    heartbeat answers it (the wait kept it alive)."""
 
     offers: list[Offer]
     cancelRequested: list[str]

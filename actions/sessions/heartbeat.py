@@ -4,7 +4,7 @@ cost)."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
@@ -364,21 +364,23 @@ KEEP_ALIVE_CHUNK = 500
 
 
 @write_path
-def sessions_keep_alive(*, sessions: list[tuple[uuid.UUID, int]]) -> int:
+def sessions_keep_alive(*, sessions: list[tuple[uuid.UUID, int]], tick: float) -> int:
     """Keep the sessions of held waiting claims alive: one statement per 500 of them.
 
     ``sessions``: (session id, generation) of each waiting claim a server process holds (its
     worker is connected and waiting). Every session still live (online or draining), of that
     generation and not yet lapsed (or lapsed during an outage of the control plane, within its
-    grace window: ``audit.liveness.expiry_cutoff``) is extended to DB now + TTL once less than
-    half its TTL is left; an ended, replaced or lapsed one is never touched (the ``UPDATE …
-    WHERE`` is the fence), nor its version. Called every half heartbeat interval by
-    ``api.waiting``. Returns rows extended.
+    grace window: ``audit.liveness.expiry_cutoff``) is extended to DB now + TTL once less than TTL
+    − ``tick`` seconds are left (``tick``: the caller's interval, so each call leaves nearly a full
+    lease and an outage of the control plane starts with almost a whole TTL to ride out); an
+    ended, replaced or lapsed one is never touched (the ``UPDATE … WHERE`` is the fence), nor its
+    version. Called every half heartbeat interval by ``api.waiting``. Returns rows extended.
     """
     if not sessions:
         return 0
     now = db_now()
     cutoff = expiry_cutoff(now)  # a lapse excused by an outage is kept alive too (audit.liveness)
+    margin = timedelta(seconds=min(max(0.0, tick), session_lease_ttl().total_seconds() / 2))
     by_generation: dict[int, list[uuid.UUID]] = {}
     for session_id, generation in sessions:
         by_generation.setdefault(generation, []).append(session_id)
@@ -390,6 +392,6 @@ def sessions_keep_alive(*, sessions: list[tuple[uuid.UUID, int]]) -> int:
                 generation=generation,
                 state__in=LIVE_SESSION_STATES,
                 lease_expires_at__gt=cutoff,
-                lease_expires_at__lt=now + session_lease_ttl() / 2,
+                lease_expires_at__lt=now + session_lease_ttl() - margin,
             ).update(lease_expires_at=now + session_lease_ttl())
     return extended

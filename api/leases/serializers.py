@@ -170,5 +170,7 @@ class ClaimWaitOutSerializer(serializers.Serializer):
     offers = OfferOutSerializer(many=True)
     cancelRequested = serializers.ListField(child=serializers.UUIDField())
     waitSeconds = serializers.FloatField(help_text="the wait the server granted")
-    ended = serializers.ChoiceField(choices=["offers", "cancel", "timeout", "shutdown"])
+    ended = serializers.ChoiceField(
+        choices=["offers", "cancel", "session", "timeout", "shutdown", "superseded"]
+    )
     session = SessionOutSerializer()

@@ -12,10 +12,13 @@ on the event loop (docs/leases.md, "Waiting claims"):
    and claim if any attempt is claimable (``lease_claim``, the one synchronous claim service:
    fence and capacity are checked at the moment of claiming, every time);
 2. answer at once if offers were claimed or a watched attempt's cancellation was requested;
-3. otherwise sleep on the process's hub (``api.waiting``) until a wake-up, then claim again;
-4. answer when the bound passes (``ended: timeout``), on shutdown, or with the refusal of any
+3. otherwise sleep on the process's hub (``api.waiting``) until a wake-up, then claim again; a
+   worker wake-up after which the session reads changed (version, state, a forced key
+   rotation) answers at once (``ended: session``) with that fresh read;
+4. answer when the bound passes (``ended: timeout``), on shutdown, when a newer wait of the same
+   session supersedes this one (``superseded``: at most ``MAX_WAITS_PER_SESSION``), or with the refusal of any
    claim — a session replaced, expired or offline, a revoked worker, a draining session
-   (``session_draining``) end the wait fenced, having claimed nothing.
+   (``session_draining``, a watch-only wait too) end the wait fenced, having claimed nothing.
 
 No thread and no database connection is held while waiting; ``capacity_exhausted`` does not
 end a wait (the lease that frees capacity wakes it).
@@ -93,6 +96,27 @@ def _check(request: HttpRequest) -> HttpResponse | tuple[WorkerPrincipal, dict]:
     return checked
 
 
+#: The methods the route takes, as its ``Allow`` header says (OPTIONS answers like every DRF view).
+ALLOW = "POST, OPTIONS"
+
+
+def _options(request: HttpRequest) -> HttpResponse:
+    """``OPTIONS claim/wait``: answered by the check view, as on every worker endpoint."""
+    response = _check_view(request)
+    response.render()
+    response["Allow"] = ALLOW
+    return response
+
+
+def _session_changed(before: SessionView, after: SessionView) -> bool:
+    """Whether a round saw the session change since the wait began (a heartbeat would tell it)."""
+    return (before.session.version, before.session.state, before.rotation_required) != (
+        after.session.version,
+        after.session.state,
+        after.rotation_required,
+    )
+
+
 @dataclass
 class _Round:
     """What one claim round found."""
@@ -113,11 +137,13 @@ def _round(fence: dict, offers: list[OfferRequest], watch: set[str]) -> _Round:
     Raises DomainError for any refusal but ``capacity_exhausted`` (a full session waits)."""
     view = session_keep_alive(**fence)
     claimed: list[Offer] = []
+    # A draining session ends every wait, a watch-only one too: the agent stops waiting and
+    # heartbeats while it drains (docs/leases.md, "Waiting claims").
+    if view.session.state == SessionState.DRAINING:
+        raise DomainError(
+            "session_draining", "the session is draining and takes no new runs", field="sessionId"
+        )
     if offers:
-        if view.session.state == SessionState.DRAINING:
-            raise DomainError(
-                "session_draining", "the session is draining and takes no new runs", field="sessionId"
-            )
         if claimable_placement_classes(now=view.server_time):
             try:
                 claimed = lease_claim(**fence, offers=offers)
@@ -160,8 +186,12 @@ def _refusal(exc: DomainError) -> JsonResponse:
 async def claim_wait(request: HttpRequest) -> HttpResponse:
     """``POST claim/wait``: claim now or wait (bounded) for work, a watched cancellation or a
     fence change; see the module docstring and docs/leases.md "Waiting claims"."""
+    if request.method == "OPTIONS":
+        return await run_sync(_options, request)
     if request.method != "POST":
-        return _refusal(DomainError("method_not_allowed", f"{request.method} is not allowed here"))
+        refused = _refusal(DomainError("method_not_allowed", f"{request.method} is not allowed here"))
+        refused["Allow"] = ALLOW
+        return refused
     checked = await run_sync(_check, request)
     if isinstance(checked, HttpResponse):
         return checked
@@ -191,6 +221,7 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
         except DomainError as exc:
             return _refusal(exc)
         assert result.session is not None
+        first = result.session
         if offers:
             session_row = result.session.session
             HUB.want_work(waiter, session_row.capabilities_sha256, session_row.capabilities)
@@ -199,7 +230,7 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
         ended = "offers" if result.offers else "cancel" if result.cancels else ""
         while not ended:
             reason = await waiter.sleep(deadline - loop.time())
-            if reason in ("timeout", "shutdown"):
+            if reason in ("timeout", "shutdown", "superseded"):
                 ended = reason
                 break
             try:
@@ -212,8 +243,13 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
                     HUB.pass_on(waiter)  # it took all it asked for: more may be waiting
             elif result.cancels:
                 ended = "cancel"
+            elif (
+                reason == "worker" and result.session is not None and _session_changed(first, result.session)
+            ):
+                ended = "session"  # e.g. a forced key rotation: the worker hears it now, not at the bound
         # The last round's view of the session: on a timeout or shutdown too (a change to the
-        # session would have woken the wait), so that a fleet's waits end without a read each.
+        # session would have woken the wait, and that round read it fresh), so that a fleet's
+        # waits end without a read each.
         session = result.session
         assert session is not None  # every round reads it
         if ended not in ("offers", "cancel"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
@@ -67,3 +68,44 @@ def test_restarting_the_standalone_control_plane_under_a_running_agent_refuses_n
     agent_lines = [line for line in agent.log().splitlines() if REFUSAL.search(line)]
     assert not agent_lines, agent_lines[:5]
     assert "503" not in agent.log()
+
+
+def test_an_idle_long_polling_agent_keeps_its_session_through_a_restart_longer_than_half_its_lease(
+    tmp_path,
+):
+    """Review of issue 18, finding 1: the control plane is down for longer than half the session
+    lease while an idle agent long-polls. The hub's keep-alive leaves nearly a full lease at
+    every tick, and the agent heartbeats again as soon as a try of its wait is not answered (it
+    no longer waits out the postponement while the wait retries): it keeps its session (no exit 3)."""
+    lease = 24
+    plane = ControlPlane(
+        tmp_path, QINGLONG_HEARTBEAT_INTERVAL_SECONDS="2", QINGLONG_SESSION_LEASE_SECONDS=str(lease)
+    )
+    plane.start()
+    agent = Agent(tmp_path / "state", tmp_path)
+    try:
+        worker = worker_create(name=f"long-poll-restart-{os.getpid()}")
+        token = enrollment_token_create(worker_id=worker.pk).token
+        assert agent.start("enroll", "--server", plane.url, "--token", token).wait(30) == 0, agent.log()
+        process = agent.start(*RUN_ARGS[:-2], "--wait", "15")
+        # one wait answered (the agent now postpones its heartbeat past each wait), the next held
+        wait_for(lambda: "POST /api/v1/worker/claim/wait 200" in plane.log(), timeout=60, what="a wait")
+        plane.stop()
+        down = time.monotonic()
+        while time.monotonic() - down < lease / 2 + 1:  # longer than half the lease
+            assert process.poll() is None, agent.log()
+            time.sleep(0.2)
+        plane.start()
+        wait_for(
+            lambda: re.search(r"POST /api/v1/worker/(claim/wait|session/heartbeat) 200", plane.log()),
+            timeout=60,
+            what="the agent's calls taken after the restart",
+        )
+        run = enqueue(make_revision(command="echo after-restart"))
+        done = wait_for(lambda: finished(run), what="a run after the restart")
+        assert done.state == "succeeded"
+        assert process.poll() is None, agent.log()
+    finally:
+        plane.stop()
+        agent.kill()
+    assert list(WorkerSession.objects.filter(worker=worker).values_list("generation", flat=True)) == [1]

@@ -20,10 +20,11 @@ import psycopg
 import pytest
 from django.db import close_old_connections, connection
 
+from actions.credentials import credential_force_rotation
 from actions.runs import run_cancel
 from actions.sessions.heartbeat import session_keep_alive, sessions_keep_alive
 from actions.workers import worker_drain, worker_revoke
-from api.waiting import HUB
+from api.waiting import HUB, MAX_WAITS_PER_SESSION
 from core import wakeups
 from core.db import db_now
 from leases.models import RunDispatchLease
@@ -34,6 +35,7 @@ from tests.agent.processes import wait_for
 from tests.helpers import OfferTicket, enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, running, starting
 from workers.models import WorkerSession
+from workers.sessions import session_lease_ttl
 
 # --- keep-alives (service level) ------------------------------------------------------------------
 
@@ -65,12 +67,30 @@ def test_the_waiting_sessions_keep_alive_never_touches_an_ended_or_replaced_sess
     soon = db_now() + timedelta(seconds=5)
     WorkerSession.objects.filter(pk__in=[old.session_id, new.session_id]).update(lease_expires_at=soon)
     extended = sessions_keep_alive(
-        sessions=[(old.session_id, old.generation), (new.session_id, new.generation - 1)]
+        sessions=[(old.session_id, old.generation), (new.session_id, new.generation - 1)], tick=5
     )
     assert extended == 0  # the fenced one, and the live one under a wrong generation
-    assert sessions_keep_alive(sessions=[(new.session_id, new.generation)]) == 1
+    assert sessions_keep_alive(sessions=[(new.session_id, new.generation)], tick=5) == 1
     assert WorkerSession.objects.get(pk=old.session_id).lease_expires_at == soon
     assert WorkerSession.objects.get(pk=new.session_id).lease_expires_at > soon
+
+
+@pytest.mark.django_db
+def test_the_waiting_sessions_keep_alive_keeps_nearly_a_full_lease_not_just_half():
+    """Review of issue 18, finding 1: each hub tick leaves the lease at least TTL − tick long, so
+    a control-plane outage begins with almost a whole TTL left (not possibly only half)."""
+    session = register(enrolled_worker())
+    ttl = session_lease_ttl()
+    tick = 5.0
+    # Used a little more than one tick of its lease: far from half, yet extended.
+    left = ttl - timedelta(seconds=tick * 1.5)
+    WorkerSession.objects.filter(pk=session.session_id).update(lease_expires_at=db_now() + left)
+    assert sessions_keep_alive(sessions=[(session.session_id, session.generation)], tick=tick) == 1
+    assert WorkerSession.objects.get(pk=session.session_id).lease_expires_at - db_now() > ttl - timedelta(
+        seconds=1
+    )
+    # Fresh (less than one tick used): a pure read.
+    assert sessions_keep_alive(sessions=[(session.session_id, session.generation)], tick=tick) == 0
 
 
 # --- wake-ups on commit ---------------------------------------------------------------------------
@@ -235,3 +255,105 @@ def test_a_waiting_claim_with_nothing_to_do_answers_at_its_bound(live_server, pr
     assert body["ended"] == "timeout" and body["offers"] == []
     assert 1.35 <= body["waitSeconds"] <= 1.5  # the server's bound (less its jitter), told to the worker
     assert body["waitSeconds"] - 0.1 <= elapsed < 15
+
+
+# --- what ends a held wait besides work: a forced rotation, a drain, a newer wait; OPTIONS ---
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_forced_rotation_wakes_a_waiting_claim_and_its_answer_says_so(live_server):
+    """Before long polls the agent heard rotationRequired at its next heartbeat (10 s); a held
+    wait postpones heartbeats, and a forced rotation neither wakes the wait nor shows in its
+    timeout answer (the session read by the first round)."""
+    session = register(enrolled_worker())
+    answers: list[tuple[int, dict]] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(wait_request(live_server.url, session, wait=12, offers=0)), daemon=True
+    )
+    waiting.start()
+    wait_for(lambda: HUB.count >= 1, 20, "the waiting claim to wait")
+    sent = time.monotonic()
+    credential_force_rotation(worker_id=session.worker.worker_id)
+    waiting.join(30)
+    status, body = answers[0]
+    assert status == 200, body
+    assert body["session"]["rotationRequired"] is True, body["session"]
+    assert body["ended"] == "session", body
+    assert time.monotonic() - sent < 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_ends_a_watch_only_wait_at_once_like_a_wait_with_offers(live_server):
+    session = register(enrolled_worker())
+    answers: list[tuple[int, dict]] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(wait_request(live_server.url, session, wait=12, offers=0)), daemon=True
+    )
+    waiting.start()
+    wait_for(lambda: HUB.count >= 1, 20, "the waiting claim to wait")
+    sent = time.monotonic()
+    worker_drain(worker_id=session.worker.worker_id)
+    waiting.join(30)
+    status, body = answers[0]
+    assert (status, body["code"]) == (409, "session_draining"), body
+    assert time.monotonic() - sent < 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_holds_at_most_two_waits_a_newer_one_supersedes_the_oldest(live_server):
+    """Concurrent waits of one session (separate connections): the hub never holds more than
+    MAX_WAITS_PER_SESSION of them; each one over answers at once ``superseded``."""
+    session = register(enrolled_worker())
+    total = 5
+    answers: list[tuple[int, dict]] = []
+    lock = threading.Lock()
+    peak = [0]
+
+    def one() -> None:
+        answer = wait_request(live_server.url, session, wait=8, offers=0)
+        with lock:
+            answers.append(answer)
+
+    def sample() -> bool:
+        with HUB._lock:
+            held = sum(
+                1
+                for waiters in HUB.by_worker.values()
+                for waiter in waiters
+                if waiter.session[0] == session.session_id and not waiter.superseded
+            )
+        peak[0] = max(peak[0], held)
+        return len(answers) >= total - MAX_WAITS_PER_SESSION
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(total)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    wait_for(sample, 20, "the superseded waits to answer")
+    superseded_by = time.monotonic() - started
+    for thread in threads:
+        thread.join(30)
+    assert peak[0] <= MAX_WAITS_PER_SESSION
+    ended = sorted(body["ended"] for status, body in answers if status == 200)
+    assert len(ended) == total, answers
+    assert ended.count("superseded") == total - MAX_WAITS_PER_SESSION, ended
+    assert superseded_by < 6  # before the 8 s bound (less its jitter) of any of them
+
+
+@pytest.mark.django_db(transaction=True)
+def test_options_on_the_waiting_claim_agrees_with_its_allow_header(live_server):
+    """OPTIONS is taken (answered like on the plain claim endpoint: checked like every worker
+    request, never 405); another method is refused 405 with the same Allow header."""
+
+    def ask(path: str, method: str) -> tuple[int, str | None]:
+        request = urllib.request.Request(live_server.url + path, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.headers.get("Allow")
+        except urllib.error.HTTPError as error:
+            return error.code, error.headers.get("Allow")
+
+    status, allow = ask(wire.CLAIM_WAIT, "OPTIONS")
+    assert allow == "POST, OPTIONS"
+    assert status != 405 and status == ask(wire.CLAIM, "OPTIONS")[0], status
+    assert ask(wire.CLAIM_WAIT, "GET") == (405, "POST, OPTIONS")

@@ -5,6 +5,7 @@ what it does with the answer, and its fallback to short polling against an older
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from agent.client import ApiError, TransportError
@@ -123,3 +124,35 @@ def test_with_no_slot_free_the_wait_only_watches_and_a_finished_runner_cuts_it_s
     agent.runner_done("a-1")  # the slot is free: the watch is cut short at once
     waiting.join(5)
     assert not waiting.is_alive()
+
+
+def test_a_wait_not_answered_brings_the_heartbeat_back_before_the_call_gives_up(tmp_path):
+    """Review of issue 18, finding 1: the heartbeat is pushed back past each wait, and the wait's
+    call retries through an outage; the first try not answered (refused, timed out, 503) must
+    bring the heartbeat back at once — the server holding the wait, and its keep-alive, may be
+    gone — not only once the call fails for good."""
+    due_at_retry: list[float] = []
+    answer = {
+        "offers": [],
+        "cancelRequested": [],
+        "waitSeconds": 25.0,
+        "ended": "timeout",
+        "session": session_answer(),
+    }
+    agent, client = make_agent(tmp_path, {wire.CLAIM_WAIT: []}, wait_seconds=30)
+    agent.claims.granted = 25.0  # a wait was answered before: this one postpones the heartbeat
+    tries = iter([TransportError("connection refused"), ApiError(503, "storage_unavailable", "down"), None])
+
+    def post(path, body, **kwargs):
+        client.calls.append((path, body, kwargs))
+        outcome = next(tries)
+        due_at_retry.append(agent.heartbeat._due - time.monotonic())
+        if outcome is not None:
+            raise outcome
+        return answer
+
+    client.post = post  # type: ignore[method-assign]
+    assert agent.claims.wait_once() == 0
+    assert len(client.calls) == 3
+    assert due_at_retry[0] > 25  # postponed past the wait while the first try was in flight
+    assert due_at_retry[1] <= 0 and due_at_retry[2] <= 0  # due at once from the first failed try
