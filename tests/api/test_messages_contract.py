@@ -87,10 +87,10 @@ def test_the_execution_spec_keys_are_what_a_claim_hands_out():
         number=1,
         executor="shell",
         command="true",
-        env={},
+        env={"TOKEN": "s3cret-value"},
         timeout_seconds=5,
         spec_sha256="0" * 64,
-        secret_env=[],
+        secret_env=["TOKEN"],
         output_paths=["out/*"],
         artifact_max_files=1,
         artifact_max_file_bytes=2,
@@ -102,4 +102,8 @@ def test_the_execution_spec_keys_are_what_a_claim_hands_out():
     assert set(spec) == set(m.ExecutionSpec.__annotations__)
     assert set(spec["outputs"]) == set(m.OutputsSpec.__annotations__)
     revision.output_paths = []  # nothing declared: no outputs key (and the spec digest of old revisions)
-    assert set(execution_spec(run, SimpleNamespace(pk=4, number=1))) == m.ExecutionSpec.__required_keys__
+    revision.secret_env = []  # no secrets: no secretEnv key
+    # lostAfterSeconds is always sent by this server; NotRequired for the agent (an older one sends none)
+    assert set(execution_spec(run, SimpleNamespace(pk=4, number=1))) == m.ExecutionSpec.__required_keys__ | {
+        "lostAfterSeconds"
+    }
