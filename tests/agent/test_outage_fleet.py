@@ -32,8 +32,8 @@ from workers.models import WorkerSession
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 WORKERS = 200
-LEASE_TTL = 30  # run lease and session lease, seconds (20 s lapsed on a loaded machine before any fault)
-HEARTBEAT = 10  # a third of the session lease, as the profiles have it
+LEASE_TTL = 20  # run lease and session lease, seconds (15 s lapsed under a loaded machine before any fault)
+HEARTBEAT = 6  # about a third of the session lease, as the profiles have it
 GRACE = HEARTBEAT + 10  # the setting's default formula: one heartbeat interval + the agent's backoff
 TIMINGS = {
     "RUN_LEASE_SECONDS": LEASE_TTL,
