@@ -21,6 +21,8 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 #: Test folders that touch no database: run once, in the SQLite leg.
 NO_DB = ["tests/protocol", "tests/agent/unit", "tests/deploy"]
+#: pytest's exit status when a selection holds no test (a leg whose paths hold no ``solo`` test).
+NO_TESTS_COLLECTED = 5
 
 
 def postgres_reachable(url: str) -> str | None:
@@ -41,21 +43,19 @@ def postgres_reachable(url: str) -> str | None:
 
 
 def pytest(env: dict[str, str], extra: list[str]) -> int:
+    """One leg: every test but the ``solo`` ones on the xdist workers, then the ``solo`` ones alone
+    (throughput-bound tests with real processes, which a neighbouring test would starve)."""
     workers = os.environ.get("QINGLONG_TEST_WORKERS", "2")
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-n",
-        workers,
-        "--dist",
-        "loadgroup",
-        "--timeout",
-        "600",
-        *extra,
-    ]
+    command = [sys.executable, "-m", "pytest", "--timeout", "600", *extra]
     started = time.monotonic()
-    status = subprocess.call(command, cwd=ROOT, env=env)
+    if any(arg == "-m" or arg.startswith("-m") and len(arg) > 2 for arg in extra):
+        status = subprocess.call([*command, "-n", workers, "--dist", "loadgroup"], cwd=ROOT, env=env)
+    else:
+        status = subprocess.call(
+            [*command, "-n", workers, "--dist", "loadgroup", "-m", "not solo"], cwd=ROOT, env=env
+        )
+        alone = subprocess.call([*command, "-p", "no:xdist", "-m", "solo"], cwd=ROOT, env=env)
+        status = max(status, 0 if alone == NO_TESTS_COLLECTED else alone)
     print(
         f"[make test] leg {env['QINGLONG_TEST_LEG']}: exit {status} in {time.monotonic() - started:.0f}s",
         flush=True,

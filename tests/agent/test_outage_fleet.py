@@ -29,7 +29,7 @@ from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, start
 from workers.models import WorkerSession
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.solo]
 
 WORKERS = 200
 LEASE_TTL = 20  # run lease and session lease, seconds (15 s lapsed under a loaded machine before any fault)
