@@ -26,7 +26,7 @@ BUDGETS = {
     "claim": (1, 15),
     "release": (1, 14),
     "renew": (1, 10),
-    "complete": (14, 14),
+    "complete": (15, 14),  # PostgreSQL: + the pg_notify that wakes the worker's waiting claims
     "heartbeat": (1, 2),
     "heartbeat_write": (1, 7),
 }
