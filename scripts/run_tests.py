@@ -54,7 +54,7 @@ def pytest(env: dict[str, str], extra: list[str]) -> int:
         status = subprocess.call(
             [*command, "-n", workers, "--dist", "loadgroup", "-m", "not solo"], cwd=ROOT, env=env
         )
-        alone = subprocess.call([*command, "-p", "no:xdist", "-m", "solo"], cwd=ROOT, env=env)
+        alone = subprocess.call([*command, "-n", "0", "-m", "solo"], cwd=ROOT, env=env)
         status = max(status, 0 if alone == NO_TESTS_COLLECTED else alone)
     print(
         f"[make test] leg {env['QINGLONG_TEST_LEG']}: exit {status} in {time.monotonic() - started:.0f}s",
