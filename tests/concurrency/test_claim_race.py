@@ -29,7 +29,7 @@ from protocol.ids import uuid7
 from runs.models import Run, RunAttempt
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.solo]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 PROCESSES = 4
 CLAIMS_EACH = 50
