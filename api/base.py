@@ -205,6 +205,16 @@ class WorkerAPIView(APIView):
             fence["expected_version"] = data["expectedVersion"]
         return fence
 
+    def lease_fence(self, data: dict) -> dict:
+        """Both fences of a validated lease call (session, then attempt, lease generation and
+        token) as write-path keywords (docs/leases.md)."""
+        return {
+            **self.session_fence(data),
+            "attempt_id": data["attemptId"],
+            "lease_generation": data["leaseGeneration"],
+            "lease_token": data["leaseToken"],
+        }
+
 
 class RefuseWorkerSignature(BaseAuthentication):
     """Operator endpoints: a request signed as a worker is refused outright (403).

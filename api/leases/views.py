@@ -17,16 +17,6 @@ from protocol import wire
 from . import serializers as s
 
 
-def _lease_fence(view: WorkerAPIView, data: dict) -> dict:
-    """Both fences of a validated lease call as write-path keywords."""
-    return {
-        **view.session_fence(data),
-        "attempt_id": data["attemptId"],
-        "lease_generation": data["leaseGeneration"],
-        "lease_token": data["leaseToken"],
-    }
-
-
 def _ack_out(result: AckResult) -> dict:
     return s.AckOutSerializer(
         {
@@ -60,7 +50,7 @@ class StartingView(WorkerAPIView):
     def post(self, request):
         data = validated(s.AckSerializer, request)
         result = lease_starting(
-            **_lease_fence(self, data), offer_id=data["offerId"], lease_version=data["leaseVersion"]
+            **self.lease_fence(data), offer_id=data["offerId"], lease_version=data["leaseVersion"]
         )
         return Response(_ack_out(result))
 
@@ -72,7 +62,7 @@ class RunningView(WorkerAPIView):
     def post(self, request):
         data = validated(s.RunningAckSerializer, request)
         result = lease_running(
-            **_lease_fence(self, data),
+            **self.lease_fence(data),
             offer_id=data["offerId"],
             lease_version=data["leaseVersion"],
             pid=data["pid"],
@@ -89,7 +79,7 @@ class StartFailedView(WorkerAPIView):
     def post(self, request):
         data = validated(s.StartFailedSerializer, request)
         result = lease_start_failed(
-            **_lease_fence(self, data),
+            **self.lease_fence(data),
             offer_id=data["offerId"],
             lease_version=data["leaseVersion"],
             reason=data["reason"],
@@ -103,7 +93,7 @@ class RenewView(WorkerAPIView):
     @extend_schema(request=s.VersionedLeaseSerializer, responses={200: s.AckOutSerializer})
     def post(self, request):
         data = validated(s.VersionedLeaseSerializer, request)
-        result = lease_renew(**_lease_fence(self, data), lease_version=data["leaseVersion"])
+        result = lease_renew(**self.lease_fence(data), lease_version=data["leaseVersion"])
         return Response(_ack_out(result))
 
 
@@ -113,7 +103,7 @@ class ReleaseView(WorkerAPIView):
     @extend_schema(request=s.VersionedLeaseSerializer, responses={200: s.AckOutSerializer})
     def post(self, request):
         data = validated(s.VersionedLeaseSerializer, request)
-        result = lease_release(**_lease_fence(self, data), lease_version=data["leaseVersion"])
+        result = lease_release(**self.lease_fence(data), lease_version=data["leaseVersion"])
         return Response(_ack_out(result))
 
 
@@ -126,7 +116,7 @@ class CompleteView(WorkerAPIView):
     def post(self, request):
         data = validated(s.CompleteSerializer, request)
         result = lease_complete(
-            **_lease_fence(self, data),
+            **self.lease_fence(data),
             completion=Completion(
                 sequence=data["sequence"],
                 outcome=data["outcome"],

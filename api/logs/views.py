@@ -18,15 +18,6 @@ from protocol import wire
 from . import serializers as s
 
 
-def _lease_fence(view: WorkerAPIView, data: dict) -> dict:
-    return {
-        **view.session_fence(data),
-        "attempt_id": data["attemptId"],
-        "lease_generation": data["leaseGeneration"],
-        "lease_token": data["leaseToken"],
-    }
-
-
 class OutputWorkerView(WorkerAPIView):
     """Job output has its own per-worker request bucket (``QINGLONG_RATE_OUTPUT``)."""
 
@@ -45,7 +36,7 @@ class LogAppendView(OutputWorkerView):
     def post(self, request):
         data = validated(s.LogChunkSerializer, request)
         result = log_append(
-            **_lease_fence(self, data),
+            **self.lease_fence(data),
             chunk=Chunk(
                 seq=data["seq"],
                 segments=tuple(
@@ -73,7 +64,7 @@ class ArtifactUploadView(OutputWorkerView):
     def post(self, request):
         data = validated(s.ArtifactPartSerializer, request)
         result = artifact_upload(
-            **_lease_fence(self, data),
+            **self.lease_fence(data),
             part=Part(
                 name=data["name"],
                 size=data["size"],
