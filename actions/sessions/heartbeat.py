@@ -164,6 +164,18 @@ def _heartbeat_write(
             lease_expires_at__gt=expiry_cutoff(now) if session.lease_expires_at <= now else now,
         ).update(**updates)
         if changed != 1:
+            # Another heartbeat of this session (PostgreSQL: one statement, no worker lock) moved
+            # the row after the fence read it: re-fence on the row as it is now, so a version
+            # conflict carries ``details.currentVersion`` for the worker to adopt.
+            session.refresh_from_db()
+            check_session(
+                fenced.worker,
+                session,
+                generation=generation,
+                expected_version=expected_version,
+                now=now,
+                purpose=Purpose.HEARTBEAT,
+            )
             raise DomainError(
                 "session_version_conflict", "the session changed under the heartbeat", field="expectedVersion"
             )

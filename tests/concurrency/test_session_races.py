@@ -1,15 +1,16 @@
 """Session races with real separate connections, on SQLite and on PostgreSQL (ADR-0012 gates).
 
-Each test runs 100 rounds. In a round the main thread prepares the world, releases every actor
-thread at once (``threading.Barrier``), waits for them, and checks exact outcomes and exact row
-states. Every actor thread keeps its own Django connection for all rounds and closes it at the
-end. Rounds never sleep. The gates:
+Each test runs 100 rounds (the fifty-worker one 20: 1,000 registrations). In a round the main
+thread prepares the world, releases every actor thread at once (``threading.Barrier``), waits for
+them, and checks exact outcomes and exact row states. Every actor thread keeps its own Django
+connection for all rounds and closes it at the end. Rounds never sleep. The gates:
 
 * two registrations racing to replace the same worker → generation strictly monotonic, exactly
   one current session, every older session refused afterwards;
 * a heartbeat racing a replacement → it lands before the replacement or is fenced, never revives;
 * drain racing offline (and a claim) → capacity is zero before offline commits, and no run is
   claimed after the drain or the offline committed;
+* a drain racing a heartbeat that moves the version → the loser is told the current version;
 * 50 different workers registering at once → all succeed, no deadlock, no 500.
 """
 
@@ -40,6 +41,7 @@ from workers.models import WorkerSession
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("session-races")]
 
 ROUNDS = 100
+FIFTY_ROUNDS = 20
 BARRIER_TIMEOUT = 60
 
 
@@ -322,9 +324,9 @@ def test_fifty_workers_registering_at_once_all_succeed():
         assert {result[1] for _, result in results} == {round_no + 1}  # every worker's next generation
         assert WorkerSession.objects.filter(state="online").count() == 50
 
-    run_rounds([registers(worker) for worker in workers], check=check)
-    assert WorkerSession.objects.count() == 50 * ROUNDS
-    assert WorkerSession.objects.filter(state="fenced").count() == 50 * (ROUNDS - 1)
+    run_rounds([registers(worker) for worker in workers], rounds=FIFTY_ROUNDS, check=check)
+    assert WorkerSession.objects.count() == 50 * FIFTY_ROUNDS
+    assert WorkerSession.objects.filter(state="fenced").count() == 50 * (FIFTY_ROUNDS - 1)
 
 
 @pytest.mark.postgres
@@ -378,3 +380,48 @@ def test_pg_same_session_id_inserted_concurrently_by_two_workers_is_a_conflict_n
         [lambda r: register(owner.pk, ids[r]), intruder_registers], rounds=10, prepare=prepare, check=check
     )
     assert not WorkerSession.objects.filter(worker_id=intruder.pk).exists()
+
+
+def test_a_drain_racing_a_heartbeat_that_moves_the_version_is_told_the_current_version():
+    """The agent's drain and its own heartbeat (which changes the slots, so version + 1) race. On
+    PostgreSQL the heartbeat is one statement without the worker lock, so it can land between the
+    drain's fence read and its write. Whichever loses is refused ``session_version_conflict`` with
+    ``details.currentVersion`` — the version the agent adopts for its one retry, which then
+    succeeds — never a conflict it cannot act on (the agent would stop with "drain failed")."""
+    worker = new_worker("race-drain-heartbeat")
+    state: dict[str, Any] = {}
+
+    def prepare(round_no: int) -> None:
+        state["session"] = register(worker.pk)[:3]
+
+    def retried(call: Callable[[int], Any]) -> Any:
+        try:
+            return ("first", call(state["session"][2]))
+        except DomainError as exc:
+            if exc.code != "session_version_conflict":
+                raise
+            assert exc.details and "currentVersion" in exc.details, exc.message
+            return ("retried", call(exc.details["currentVersion"]))
+
+    def drain(round_no: int):
+        pk, generation, _ = state["session"]
+        return retried(
+            lambda version: (
+                session_drain(
+                    worker_id=worker.pk, session_id=pk, generation=generation, expected_version=version
+                ).session.state
+            )
+        )
+
+    def beat(round_no: int):
+        pk, generation, _ = state["session"]
+        return retried(lambda version: heartbeat(worker.pk, pk, generation, version, slots=1))
+
+    def check(round_no: int, results) -> None:
+        assert all(verdict == "ok" for verdict, _ in results), results
+        (_, (_, drained)), _ = results
+        assert drained == "draining"
+        session = WorkerSession.objects.get(pk=state["session"][0])
+        assert (session.state, session.available_slots) == ("draining", 0)
+
+    run_rounds([drain, beat], prepare=prepare, check=check)
