@@ -9,6 +9,8 @@ import socket
 import pytest
 import redis
 from django.db import OperationalError, connection
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from core import dependencies
 from core.dependencies import dependency_error, note_recovery
@@ -21,7 +23,8 @@ def closed_port() -> int:
 
 
 def redis_failure() -> Exception:
-    client = redis.Redis(port=closed_port(), socket_connect_timeout=1)
+    # No retries: redis-py's default (three, with backoff) takes ~4 s to give up on a closed port.
+    client = redis.Redis(port=closed_port(), socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
     with pytest.raises(redis.ConnectionError) as failed:
         client.ping()
     return failed.value
