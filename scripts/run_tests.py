@@ -21,6 +21,9 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 #: Test folders that touch no database: run once, in the SQLite leg.
 NO_DB = ["tests/protocol", "tests/agent/unit", "tests/deploy"]
+#: Browser tests drive the console's pages; the write paths and queries behind those pages run
+#: on both stores in tests/console and tests/accounts. Run once, in the SQLite leg.
+UI_ONLY = ["tests/browser"]
 #: pytest's exit status when a selection holds no test (a leg whose paths hold no ``solo`` test).
 NO_TESTS_COLLECTED = 5
 
@@ -84,7 +87,7 @@ def main() -> int:
             print("[make test] SKIPPING the PostgreSQL leg (set CI=true to make this an error)", flush=True)
         else:
             env = {**base, "QINGLONG_TEST_LEG": "postgres", "DATABASE_URL": args.pg_url}
-            statuses.append(pytest(env, [*extra, *[f"--ignore={path}" for path in NO_DB]]))
+            statuses.append(pytest(env, [*extra, *[f"--ignore={path}" for path in [*NO_DB, *UI_ONLY]]]))
     return max(statuses, default=0)
 
 

@@ -82,6 +82,7 @@ def test_every_line_the_server_writes_in_json_mode_parses(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite  # make run always runs on its own SQLite database: once is enough
 def test_make_run_prints_only_json_in_json_mode(tmp_path):
     """``make run ONCE=1`` (scripts/launch.py) with QINGLONG_LOG_FORMAT=json, on its own var dir."""
     env = {

@@ -94,6 +94,7 @@ def test_a_live_log_is_followed_while_it_runs_and_stored_byte_for_byte(live_serv
         agent.kill()
 
 
+@pytest.mark.sqlite  # what it proves is the agent's (bounded buffer, job not slowed): one store
 def test_the_control_plane_away_for_30_s_bounds_the_agent_and_does_not_slow_the_job(tmp_path):
     lines, seconds, outage = 240_000, 50.0, 30.0
     stamp = tmp_path / "duration"
