@@ -17,6 +17,12 @@ sequence number, and the revision's secret values when asked): Python plans from
 again under the locks already held. The commit does not wait for the WAL flush
 (``synchronous_commit`` off for this transaction, as ``actions.logs._commit_without_flush_wait``).
 SQLite has no such function: ``connection.vendor`` picks the path.
+
+The segment bytes are TOAST-compressed with lz4 where the server has it (PostgreSQL 14+ built
+with lz4; else the default pglz stays): on job-like output it halves the backend's CPU per
+append against pglz (measured: about 1.1 -> 0.55 ms for a 32 KiB chunk) for about 20 % more
+stored bytes (1.9x instead of 2.25x compression) — the rows are transient, compaction writes the
+log as one object when the attempt ends (docs/performance.md, Live logs).
 """
 
 from django.db import migrations
@@ -141,14 +147,37 @@ DROP FUNCTION IF EXISTS ql_log_append(uuid, uuid, bigint, uuid, integer, text, i
 """
 
 
+LZ4 = """
+DO $$
+BEGIN
+    EXECUTE 'ALTER TABLE logs_logchunk ALTER COLUMN data SET COMPRESSION lz4';
+EXCEPTION WHEN feature_not_supported OR syntax_error THEN
+    NULL;  -- no lz4 in this server: pglz stays
+END
+$$;
+"""
+
+PGLZ = """
+DO $$
+BEGIN
+    EXECUTE 'ALTER TABLE logs_logchunk ALTER COLUMN data SET COMPRESSION default';
+EXCEPTION WHEN syntax_error THEN
+    NULL;
+END
+$$;
+"""
+
+
 def create(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(APPEND)
+        schema_editor.execute(LZ4)
 
 
 def drop(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(DROP)
+        schema_editor.execute(PGLZ)
 
 
 class Migration(migrations.Migration):
