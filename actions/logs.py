@@ -347,7 +347,8 @@ def _append_in_database(
     for _ in range(3):
         answer = _call(args, chunk, digest, expect, plan, known is None)
         status = answer["status"]
-        if status == "stored" and plan is not None and known is not None:
+        if status == "stored":  # only ever with a plan, hence with a known state
+            assert plan is not None and known is not None
             started = answer["windowStartedAt"]
             after = dataclasses.replace(
                 plan.state,
