@@ -48,7 +48,8 @@ BENCH_PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong_bench
 bench-claim: $(VENV)/.dev
 	$(PY) bench/claim.py --pg-url $(BENCH_PG_URL) $(ARGS)
 
-## bench-logs: log throughput per worker (MiB/s) and claims/s with 16 jobs logging vs none, on
+## bench-logs: log throughput per worker (MiB/s), one append's statements and CPU, and claims/s with 16 jobs
+## logging vs none (alternating windows of one run, with the CPU the loggers take), on
 ## PostgreSQL; wipes the QingLong tables of $(BENCH_LOGS_PG_URL) (created if missing)
 BENCH_LOGS_PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong_logs_bench
 bench-logs: $(VENV)/.dev

@@ -1,63 +1,39 @@
 """Live job logs: each chunk fenced by the run lease, in one transaction; compaction and
-retention sweeps (docs/logs.md; ADR-0012 §3 for the fences)."""
+retention sweeps (docs/logs.md; ADR-0012 §3 for the fences).
+
+An append's rules are ``logs.appending.plan_append`` (pure); this module fences, locks, and
+writes the plan. SQLite runs the whole append through the ORM. PostgreSQL runs it as one call
+of ``ql_log_append`` (migration logs 0003) in the common case — see :func:`_append_in_database`.
+"""
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
+import json
 import uuid
-from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
+import psycopg
 from django.db import connection, transaction
+from psycopg.types.json import Jsonb
 
 from core.conf import output
 from core.db import db_now, write_path
 from core.errors import DomainError
 from leases.fence import fence_lease, require_active
+from leases.tokens import token_digest
 from logs import rules, storage
+from logs.appending import RATE_WINDOW_SECONDS, Chunk, LogState, Plan, Segment, plan_append, star_end
 from logs.locks import lock_attempt_log, lock_expired_artifacts
 from logs.models import Artifact, ArtifactState, AttemptLog, LogChunk
-from protocol import masking
 from runs.models import RunAttempt
 from runs.states import ATTEMPT_TERMINAL, AttemptState
 
-#: The backpressure window, seconds (docs/logs.md, Rate).
-RATE_WINDOW_SECONDS = 1.0
+__all__ = ["RATE_WINDOW_SECONDS", "AppendResult", "Chunk", "Segment", "log_append"]
 
 
-@dataclass(frozen=True)
-class Segment:
-    """One stream's bytes in a chunk: ``stream`` stdout | stderr, ``offset`` the agent's
-    monotonic offset of its first byte in that stream, ``data`` raw bytes (may be empty: a
-    segment that only moves the offset reports a trailing gap)."""
-
-    stream: str
-    offset: int
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One chunk as the worker sent it: ``seq`` ≥ 1 (per attempt, from 1, no reuse) and its
-    segments in the order the agent read them (both streams interleaved; ≤ ``LOG_CHUNK_BYTES``
-    in all)."""
-
-    seq: int
-    segments: tuple[Segment, ...]
-
-    @property
-    def size(self) -> int:
-        return sum(len(segment.data) for segment in self.segments)
-
-    def sha256(self) -> str:
-        digest = hashlib.sha256(f"{self.seq}\n".encode())
-        for segment in self.segments:
-            digest.update(f"{segment.stream}\n{segment.offset}\n{len(segment.data)}\n".encode())
-            digest.update(segment.data)
-        return digest.hexdigest()
-
-
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class AppendResult:
     """The answer to a chunk: ``status`` stored | idempotent | truncated (nothing more is kept),
     the sequence number the log expects next, how long the worker waits before its next send
@@ -70,16 +46,18 @@ class AppendResult:
     stored_bytes: int
 
 
-def _interval(log: AttemptLog) -> float:
+def _interval(window_bytes: int) -> float:
     """The send interval the answer asks for: the configured one, doubled while the attempt
     used more than half its byte rate in the current window (docs/logs.md, Rate)."""
     settings = output()
-    busy = log.window_bytes * 2 > settings.log_rate_bytes_per_second * RATE_WINDOW_SECONDS
+    busy = window_bytes * 2 > settings.log_rate_bytes_per_second * RATE_WINDOW_SECONDS
     return settings.log_interval_seconds * (2 if busy else 1)
 
 
-def _result(status: str, log: AttemptLog) -> AppendResult:
-    return AppendResult(status, log.next_seq, _interval(log), log.truncated, log.stored_bytes)
+def _result(status: str, state: LogState) -> AppendResult:
+    return AppendResult(
+        status, state.next_seq, _interval(state.window_bytes), state.truncated, state.stored_bytes
+    )
 
 
 #: The AttemptLog columns an append changes.
@@ -121,16 +99,40 @@ def log_append(
     without locking it (a chunk changes no worker state and must not queue behind the worker's
     claims), locks the run (``leases.fence``), then the attempt's log row. The lease must be
     held (leased, unexpired by the DB clock) and the attempt running; otherwise nothing is
-    stored. An exact replay of a
-    stored ``seq`` answers ``idempotent`` and changes nothing; the same ``seq`` with other content
-    is ``log_chunk_conflict``. A sequence or offset jump stores a gap marker line before the
-    data; secret ``env`` values of the revision are masked; past ``LOG_MAX_BYTES`` the log keeps
-    one truncation marker and nothing more (``truncated``). Over the byte rate the chunk is
-    refused with ``log_backpressure`` (429, Retry-After).
+    stored. An exact replay of a stored ``seq`` answers ``idempotent`` and changes nothing; the
+    same ``seq`` with other content is ``log_chunk_conflict``. A sequence or offset jump stores
+    a gap marker line before the data; secret ``env`` values of the revision are masked; past
+    ``LOG_MAX_BYTES`` the log keeps one truncation marker and nothing more (``truncated``). Over
+    the byte rate the chunk is refused with ``log_backpressure`` (429, Retry-After). The rules
+    are ``logs.appending.plan_append``.
+
+    PostgreSQL: usually one statement (``ql_log_append``, migration logs 0003; two when this
+    process has not seen the attempt's log yet or another process wrote it since); every case
+    the function leaves to Python (any fence refusal, a lapse an outage excuses) is answered by
+    the ORM path below in the same transaction, with its codes.
 
     Raises: fence codes, ``lease_completed``, ``lease_released``, ``lease_expired``,
     ``attempt_not_started``, ``log_chunk_conflict``, ``log_backpressure``, ``lock_timeout``.
     """
+    fence = (worker_id, session_id, generation, attempt_id, lease_generation, lease_token)
+    if connection.vendor == "postgresql":
+        done = _append_in_database(*fence, chunk=chunk)
+        if done is not None:
+            return done
+    return _append_orm(*fence, chunk=chunk)
+
+
+def _append_orm(
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    *,
+    chunk: Chunk,
+) -> AppendResult:
+    """The append through the ORM (SQLite, and every case ``ql_log_append`` hands back)."""
     _commit_without_flush_wait()
     ctx = fence_lease(
         worker_id=worker_id,
@@ -147,155 +149,236 @@ def log_append(
     log = lock_attempt_log(ctx.attempt.pk)
     if log is None:
         log = AttemptLog.objects.create(attempt=ctx.attempt, run=ctx.run, created_at=ctx.now)
+    state = LogState(
+        next_seq=log.next_seq,
+        stored_bytes=log.stored_bytes,
+        stream_ends=log.stream_ends,
+        stream_newline=log.stream_newline,
+        stream_tails=log.stream_tails,
+        truncated=log.truncated,
+        window_started_at=log.window_started_at,
+        window_bytes=log.window_bytes,
+    )
     digest = chunk.sha256()
     previous = None
     if chunk.seq < log.next_seq:  # only a seq below the next expected one can have been stored
         stored = LogChunk.objects.filter(attempt_id=ctx.attempt.pk, seq=chunk.seq, part=0)
         previous = stored.values_list("sent_sha256", flat=True).first()
-    if previous is not None:
-        if previous == digest:
-            return _result("idempotent", log)
-        raise DomainError(
-            "log_chunk_conflict", f"chunk {chunk.seq} was stored with other content", field="seq"
-        )
-    if log.truncated:
-        if chunk.seq >= log.next_seq:
-            log.next_seq = chunk.seq + 1
-            log.save(update_fields=["next_seq"])
-        return _result("truncated", log)
-    if chunk.seq < log.next_seq:
-        raise DomainError(
-            "log_chunk_conflict",
-            f"chunk {chunk.seq} is behind the log (next is {log.next_seq}) and was never stored",
-            field="seq",
-            details={"nextSeq": log.next_seq},
-        )
-    ends = {stream: int(end) for stream, end in log.stream_ends.items()}
-    for index, segment in enumerate(chunk.segments):
-        end = ends.get(segment.stream, 0)
-        if segment.offset < end:
-            raise DomainError(
-                "log_chunk_conflict",
-                f"offset {segment.offset} is behind the {segment.stream} bytes already stored (up to {end})",
-                field=f"segments[{index}].offset",
-                details={"nextSeq": log.next_seq},
-            )
-        ends[segment.stream] = segment.offset + len(segment.data)
+    revision = ctx.run.revision  # loaded by the fence
     settings = output()
-    rate = settings.log_rate_bytes_per_second * RATE_WINDOW_SECONDS
-    elapsed = (ctx.now - log.window_started_at).total_seconds() if log.window_started_at else None
-    if elapsed is None or elapsed >= RATE_WINDOW_SECONDS:
-        log.window_started_at, log.window_bytes = ctx.now, 0
-    if log.window_bytes and log.window_bytes + chunk.size > rate:
-        raise DomainError(
-            "log_backpressure",
-            f"this attempt logs faster than {settings.log_rate_bytes_per_second} bytes per second",
-            retry_after=1,
-        )
-    revision = ctx.run.revision
-    secrets = rules.secret_values(revision.env, revision.secret_env)
-    newline = dict(log.stream_newline)
-    tails = {stream: tail.encode("latin-1") for stream, tail in log.stream_tails.items()}
-    sequence_gap = chunk.seq > log.next_seq
-    rows: list[LogChunk] = []
-    position = log.stored_bytes
-    for index, segment in enumerate(chunk.segments):
-        at_line_start = bool(newline.get(segment.stream, True))
-        parts: list[bytes] = []
-        if sequence_gap:
-            parts.append(rules.sequence_gap_marker(log.next_seq, chunk.seq - 1, at_line_start=at_line_start))
-            at_line_start, sequence_gap = True, False
-        end = int(log.stream_ends.get(segment.stream, 0))
-        if segment.offset > end:
-            parts.append(rules.gap_marker(segment.stream, segment.offset - end, at_line_start=at_line_start))
-        log.stream_ends = {**log.stream_ends, segment.stream: segment.offset + len(segment.data)}
-        masked = _mask_segment(ctx.attempt.pk, segment, bool(parts), secrets, tails, rows)
-        parts.append(masked)
-        data = b"".join(parts)
-        room = settings.log_max_bytes - position
-        if len(data) > room and not log.truncated:
-            data = data[: rules.utf8_cut(data, max(0, room))]  # no character cut in half
-            at_end = data.endswith(b"\n") if data else bool(newline.get(segment.stream, True))
-            data += rules.truncation_marker(settings.log_max_bytes, at_line_start=at_end)
-            log.truncated = True
-        elif log.truncated:
-            data = b""
-        if data:
-            newline[segment.stream] = data.endswith(b"\n")
-        # Empty segments are kept too: part 0 carries the chunk's digest for replays.
-        rows.append(
+    plan = plan_append(
+        state,
+        chunk,
+        digest=digest,
+        previous=previous,
+        secrets=rules.secret_values(revision.env, revision.secret_env),
+        now=ctx.now,
+        max_bytes=settings.log_max_bytes,
+        rate_bytes_per_second=settings.log_rate_bytes_per_second,
+    )
+    if not plan.writes:
+        return _result(plan.status, state)
+    for stream, count in plan.overwrite.items():
+        _overwrite_stored_end(ctx.attempt.pk, stream, count)
+    after = plan.state
+    if not plan.counted:  # a truncated log only moves on its next seq
+        log.next_seq = after.next_seq
+        log.save(update_fields=["next_seq"])
+        return _result(plan.status, after)
+    LogChunk.objects.bulk_create(
+        [
             LogChunk(
                 attempt_id=ctx.attempt.pk,
                 seq=chunk.seq,
-                part=index,
-                stream=segment.stream,
-                offset=segment.offset,
-                position=position,
-                size=len(data),
-                data=data,
-                sent_sha256=digest if index == 0 else "",
+                part=part.part,
+                stream=part.stream,
+                offset=part.offset,
+                position=part.position,
+                size=len(part.data),
+                data=part.data,
+                sent_sha256=digest if part.part == 0 else "",
                 created_at=ctx.now,
             )
-        )
-        position += len(data)
-    LogChunk.objects.bulk_create(rows)
-    log.stored_bytes = position
-    log.stream_newline = newline
-    if secrets:
-        log.stream_tails = {stream: tail.decode("latin-1") for stream, tail in tails.items()}
-    log.next_seq = chunk.seq + 1
-    log.window_bytes += chunk.size
-    log.save(update_fields=[*_APPEND_FIELDS, *(["stream_tails"] if secrets else [])])
-    return _result("truncated" if log.truncated else "stored", log)
+            for part in plan.parts
+        ]
+    )
+    log.stored_bytes, log.truncated, log.next_seq = after.stored_bytes, after.truncated, after.next_seq
+    log.stream_ends, log.stream_newline = dict(after.stream_ends), dict(after.stream_newline)
+    log.window_started_at, log.window_bytes = after.window_started_at, after.window_bytes
+    log.stream_tails = dict(after.stream_tails)
+    log.save(update_fields=[*_APPEND_FIELDS, *(["stream_tails"] if plan.tails else [])])
+    return _result(plan.status, after)
 
 
-def _mask_segment(
-    attempt_id: uuid.UUID,
-    segment: Segment,
-    after_marker: bool,
-    secrets: list[bytes],
-    tails: dict[str, bytes],
-    rows: list[LogChunk],
-) -> bytes:
-    """The segment's bytes with secrets masked, also one that began in the stream's last stored
-    bytes (``tails``): its part here becomes ``[MASKED]`` and its part already stored is
-    overwritten with ``*`` (same length, so positions hold) in this chunk's ``rows`` or the stored
-    rows. Updates ``tails``. A marker before the segment breaks the stream's continuity."""
-    if not secrets:
-        return rules.mask(segment.data, secrets)
-    tail = b"" if after_marker else tails.get(segment.stream, b"")
-    covered, cut = masking.straddling(tail, segment.data, secrets)
-    masked = rules.mask(segment.data[cut:], secrets)
-    if covered:
-        masked = rules.MASK + masked
-        _overwrite_stored_end(attempt_id, segment.stream, covered, rows)
-        tail = tail[: len(tail) - covered] + b"*" * covered
-    keep = max(len(value) for value in secrets) - 1
-    tails[segment.stream] = (tail + masked)[-keep:] if keep else b""
-    return masked
-
-
-def _overwrite_stored_end(attempt_id: uuid.UUID, stream: str, count: int, rows: list[LogChunk]) -> None:
-    """Overwrite the last ``count`` stored bytes of ``stream`` with ``*``: first in this chunk's
-    unsaved ``rows``, then in the attempt's stored rows (newest first)."""
-    for row in [row for row in reversed(rows) if row.stream == stream and row.size]:
-        count = _star_end(row, count)
-        if not count:
-            return
+def _overwrite_stored_end(attempt_id: uuid.UUID, stream: str, count: int) -> None:
+    """Overwrite the last ``count`` stored bytes of ``stream`` with ``*`` in the attempt's stored
+    rows (newest first): the part of a secret that straddled a chunk boundary."""
     for row in LogChunk.objects.filter(attempt_id=attempt_id, stream=stream, size__gt=0).order_by(
         "-position"
     ):
-        count = _star_end(row, count)
+        row.data, count = star_end(bytes(row.data), count)
         row.save(update_fields=["data"])
         if not count:
             return
 
 
-def _star_end(row: LogChunk, count: int) -> int:
-    data = bytes(row.data)
-    take = min(count, len(data))
-    row.data = data[: len(data) - take] + b"*" * take
-    return count - take
+# --- PostgreSQL: the append in one round trip -----------------------------------------------------
+#
+# ``ql_log_append`` (migration logs 0003) fences (session, lease identity, lease state and expiry,
+# attempt running: no worker lock, the run row locked, then the attempt log row) and then either
+# answers the log's state or writes a plan computed from a state the caller expects. This process
+# remembers each attempt log's state after its last call (and the revision's secret values, which
+# a pinned revision never changes), so the usual append is planned here from that state, sent once,
+# and written if the log is still in that state (compared under the log row lock). Otherwise the
+# function writes nothing and answers the state it found; the plan is then made from it (the
+# authoritative one: its refusals are the answer) and sent again under the locks already held.
+
+_CACHE_LIMIT = 4096
+#: {attempt id: (the log's state after this process's last call, the revision's secret values)}.
+_known: dict[uuid.UUID, tuple[LogState, list[bytes]]] = {}
+
+_APPEND_SQL = (
+    "SELECT ql_log_append(%s, %s, %s::bigint, %s, %s::integer, %s, %s::integer, %s::boolean, "
+    "%s::jsonb, %s::jsonb, %s::bigint, %s::double precision, %s::double precision, %s, "
+    "%s::text[], %s::bigint[], %s::bigint[], %b::bytea[])"
+)
+
+
+def _remember(attempt_id: uuid.UUID, state: LogState, secrets: list[bytes]) -> None:
+    if len(_known) >= _CACHE_LIMIT:
+        _known.clear()
+    _known[attempt_id] = (state, secrets)
+
+
+def _state_of(data: dict[str, Any]) -> LogState:
+    started = data.get("windowStartedAt")
+    return LogState(
+        next_seq=data["nextSeq"],
+        stored_bytes=data["storedBytes"],
+        stream_ends=data["ends"],
+        stream_newline=data["newline"],
+        stream_tails=data["tails"],
+        truncated=data["truncated"],
+        window_started_at=datetime.fromisoformat(started) if started else None,
+        window_bytes=data.get("windowBytes", 0),
+    )
+
+
+def _call(
+    args: list[Any], chunk: Chunk, digest: str, expect: LogState | None, plan: Plan | None, want_secrets: bool
+) -> dict:
+    """One call of ``ql_log_append``: ``plan`` written if the log is in state ``expect``, else
+    (and when ``plan`` is None) the log's state answered; ``want_secrets`` asks for the revision's
+    secret values too. The bytes go as binary parameters (server-side binding: no quoting of the
+    data into the statement's text)."""
+    settings = output()
+    parts = plan.parts if plan is not None else ()
+    params = [
+        *args,
+        chunk.seq,
+        want_secrets,
+        Jsonb(expect.continuity()) if expect is not None and plan is not None else None,
+        Jsonb(plan.state.continuity()) if plan is not None else None,
+        chunk.size if plan is not None and plan.counted else None,
+        settings.log_rate_bytes_per_second * RATE_WINDOW_SECONDS,
+        RATE_WINDOW_SECONDS,
+        digest,
+        [part.stream for part in parts] or None,
+        [part.offset for part in parts] or None,
+        [part.position for part in parts] or None,
+        [part.data for part in parts] or None,
+    ]
+    raw = psycopg.Cursor(connection.connection)  # server-side binding, in the write path's transaction
+    # Django's cursor wrapper: its error mapping (lock_timeout) and, when on, query logging.
+    wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
+    cursor = wrap(raw)  # type: ignore[arg-type]
+    with cursor:
+        cursor.execute(_APPEND_SQL, params)
+        answer = cursor.fetchone()[0]
+    return json.loads(answer) if isinstance(answer, str) else answer
+
+
+def _append_in_database(
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    *,
+    chunk: Chunk,
+) -> AppendResult | None:
+    """The append through ``ql_log_append``; None when the ORM path must answer (nothing written).
+
+    Called inside ``log_append``'s transaction. A plan from the remembered state is sent at once
+    unless it could not be made there (a ``seq`` below the log's, a refusal — the state may be
+    old —, or a secret that straddles into stored rows); at most three calls, then the ORM path.
+    """
+    settings = output()
+    args: list[Any] = [
+        worker_id,
+        session_id,
+        generation,
+        attempt_id,
+        lease_generation,
+        token_digest(lease_token, worker_id=worker_id),
+    ]
+    digest = chunk.sha256()
+    known = _known.get(attempt_id)
+    plan: Plan | None = None
+    expect: LogState | None = None
+    if known is not None and chunk.seq >= known[0].next_seq:
+        try:
+            plan = plan_append(
+                known[0],
+                chunk,
+                digest=digest,
+                previous=None,
+                secrets=known[1],
+                now=None,  # the function applies the rate window on the database clock
+                max_bytes=settings.log_max_bytes,
+                rate_bytes_per_second=settings.log_rate_bytes_per_second,
+            )
+        except DomainError:
+            plan = None  # the remembered state may be old: ask for the log's state
+        if plan is not None and (plan.overwrite or not plan.writes):
+            plan = None
+        expect = known[0] if plan is not None else None
+    for _ in range(3):
+        answer = _call(args, chunk, digest, expect, plan, known is None)
+        status = answer["status"]
+        if status == "stored":  # only ever with a plan, hence with a known state
+            assert plan is not None and known is not None
+            started = answer["windowStartedAt"]
+            after = dataclasses.replace(
+                plan.state,
+                window_started_at=datetime.fromisoformat(started) if started else None,
+                window_bytes=answer["windowBytes"],
+            )
+            _remember(attempt_id, after, known[1])
+            return _result(plan.status, after)
+        if status != "state":
+            return None
+        state = _state_of(answer["state"])
+        secrets = known[1] if known is not None else rules.secret_values(answer["env"], answer["secretEnv"])
+        known = (state, secrets)
+        _remember(attempt_id, state, secrets)
+        plan = plan_append(
+            state,
+            chunk,
+            digest=digest,
+            previous=answer.get("previous"),
+            secrets=secrets,
+            now=datetime.fromisoformat(answer["now"]),
+            max_bytes=settings.log_max_bytes,
+            rate_bytes_per_second=settings.log_rate_bytes_per_second,
+        )  # read under the locks this transaction holds: its refusals are the answer
+        if not plan.writes:
+            return _result(plan.status, state)
+        for stream, count in plan.overwrite.items():
+            _overwrite_stored_end(attempt_id, stream, count)
+        expect = state
+    return None
 
 
 def _merged_index(rows: list[tuple[int, int, str]]) -> list[list]:

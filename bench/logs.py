@@ -3,20 +3,28 @@ the claim path.
 
     .venv/bin/python bench/logs.py --pg-url postgres://postgres@127.0.0.1:5432/qinglong_logs_bench
 
-What it measures (docs/logs.md), at the write-path boundary (``actions.logs.log_append``: one
-transaction with both fences, the attempt log row, the segment rows; HTTP, base64 and signature
-checks are not included), each worker a separate OS process with its own connection:
+What it measures (docs/logs.md, docs/performance.md), at the write-path boundary
+(``actions.logs.log_append``: one transaction with both fences, the attempt log row, the segment
+rows; HTTP, base64 and signature checks are not included), each worker a separate OS process
+with its own connection, the chunks full (32 KiB: a stdout and a stderr segment of job-like
+output lines, about 3x compressible):
 
-* **throughput per worker**: one worker appending full chunks (32 KiB, two segments: stdout and
-  stderr) to its running attempt as fast as the write path takes them, MiB/s; then 16 workers at
-  once, MiB/s per worker and in all;
-* **claims/s with and without logging**: the claim loop of bench/claim.py (4 claimer processes,
-  ``lease_claim`` → ``lease_release`` on a 1k backlog) alone, then again while 16 other workers'
-  running jobs log at the agent's pace (a 32 KiB chunk per second each: the server's default
-  interval with the buffer full, i.e. 512 KiB/s in all). The added cost is the relative drop.
+* **one append**: its statements (the first of an attempt in a process, and a later one), then
+  200 appends timed: wall, Python CPU and the PostgreSQL backend's CPU per append;
+* **throughput per worker**: one worker appending as fast as the write path takes chunks, MiB/s;
+  then 16 workers at once, MiB/s per worker and in all;
+* **claims/s with and without logging, in one run**: the claim loop of bench/claim.py (4 claimer
+  processes, ``lease_claim`` -> ``lease_release`` on a 1k backlog) runs for 12 windows of 2.5 s;
+  in half of them (off, on, on, off, repeated: a steady drift of the shared machine's load weighs
+  on both sides alike) 16 other workers' running jobs log at the agent's pace (a full chunk per
+  second each, out of step: the server's default interval with the buffer full, i.e. 512 KiB/s
+  in all). Claims are counted per window; the added cost is the drop of claims/s in the logging
+  windows against the others. With it: each window's claims/s, the CPU the 16 loggers took
+  (their processes and their PostgreSQL backends, from /proc) as a share of the machine, and how
+  busy the machine was in each kind of window.
 
-The benchmark database is wiped (every QingLong table truncated) first. The last line is
-machine-readable.
+The load average is printed first. The benchmark database is wiped (every QingLong table
+truncated) first. The last line is machine-readable.
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ import json
 import multiprocessing
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +52,9 @@ BACKLOG = 1_000
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432/qinglong_logs_bench")
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=10.0, help="each throughput measurement")
+    parser.add_argument("--windows", type=int, default=12, help="claim windows, half of them logging")
+    parser.add_argument("--window", type=float, default=2.5, help="seconds per claim window")
     args = parser.parse_args()
     ensure_database(args.pg_url)
     os.environ["QINGLONG_LOG_MAX_BYTES"] = str(1 << 40)  # measure the writes, not the cap
@@ -57,14 +66,16 @@ def main() -> int:
     from django.core.management import call_command  # noqa: PLC0415
     from django.db import connections  # noqa: PLC0415
 
-    measure, reset_and_load = claim_measure.measure, claim_measure.reset_and_load
-    start_attempt, run_loggers, collect, profile_append = (
+    reset_and_load = claim_measure.reset_and_load
+    start_attempt, run_loggers, collect = (
         logs_measure.start_attempt,
         logs_measure.run_loggers,
         logs_measure.collect,
-        logs_measure.profile_append,
     )
 
+    load = os.getloadavg()
+    cores = os.cpu_count() or 1
+    print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({cores} cores)", flush=True)
     call_command("migrate", verbosity=0)
     workers = reset_and_load(BACKLOG + 2 * LOGGERS + 2, CLAIMERS + LOGGERS + LOGGERS + 2)
     claimers, paced, flat_out, single, profiled = (
@@ -77,14 +88,16 @@ def main() -> int:
     paced_leases = [start_attempt(worker) for worker in paced]
     flat_leases = [start_attempt(worker) for worker in flat_out]
     single_lease = start_attempt(single)
-    profile = profile_append(start_attempt(profiled))
+    profile = logs_measure.profile_append(start_attempt(profiled))
+    backend_ms = profile["backend_cpu_ms"]
     print(
-        f"one append (32 KiB, 2 segments): {profile['statements']} statements, row locks on "
-        f"{', '.join(profile['locked'])}; {profile['wall_ms']:.1f} ms wall, "
-        f"{profile['cpu_ms']:.1f} ms Python CPU, {profile['last_db_ms']:.1f} ms in statements"
+        f"one append (32 KiB, 2 segments): {profile['statements']} statement(s) "
+        f"(the first of an attempt in a process: {profile['statements_first']}); "
+        f"{profile['wall_ms']:.2f} ms wall, {profile['cpu_ms']:.2f} ms Python CPU, "
+        + (f"{backend_ms:.2f} ms PostgreSQL backend CPU" if backend_ms is not None else "backend CPU n/a")
     )
-    for ms, sql in profile["slowest"]:
-        print(f"  {ms:6.1f} ms  {sql}")
+    for sql in profile["sql"]:
+        print(f"  {sql}")
     context = multiprocessing.get_context("fork")
     seconds = args.seconds
     mib = 1024 * 1024
@@ -92,7 +105,7 @@ def main() -> int:
     connections.close_all()
     barrier, results, processes = run_loggers([single_lease], seconds, None, context)
     barrier.wait()
-    [(sent, wall)] = collect(results, processes, seconds)
+    [(sent, wall, _, _)] = collect(results, processes, seconds)
     one_worker = sent / wall / mib
     print(
         f"log throughput, 1 worker: {one_worker:.1f} MiB/s ({sent // CHUNK} chunks of 32 KiB in {wall:.1f} s)"
@@ -102,45 +115,56 @@ def main() -> int:
     barrier, results, processes = run_loggers(flat_leases, seconds, None, context)
     barrier.wait()
     figures = collect(results, processes, seconds)
-    total = sum(sent / wall for sent, wall in figures) / mib
+    total = sum(sent / wall for sent, wall, _, _ in figures) / mib
     print(
         f"log throughput, {LOGGERS} workers at once: {total / LOGGERS:.3f} MiB/s per worker, "
         f"{total:.2f} MiB/s in all"
     )
 
     connections.close_all()
-    quiet = measure(claimers, seconds)
+    split = logs_measure.alternating(claimers, paced_leases, args.windows, args.window, 1.0, context)
+    quiet, logging = split["quiet"], split["logging"]
+    windows = " ".join(f"{rate:.0f}{'*' if on else ''}" for rate, on in split["per_window"])
     print(
-        f"claims/s, {CLAIMERS} claimers, no job logging: {quiet.per_second:.0f} (p99 {quiet.p99_ms:.1f} ms)"
+        f"claims/s, {CLAIMERS} claimers, in {args.windows} windows of {args.window:g} s "
+        f"(* = {LOGGERS} jobs logging): {windows}"
     )
-
-    connections.close_all()
-    barrier, results, processes = run_loggers(paced_leases, seconds + 4, 1.0, context)
-    barrier.wait()
-    time.sleep(1.0)  # the loggers are under way
-    busy = measure(claimers, seconds)
-    logged = collect(results, processes, seconds + 4)
-    logging_rate = sum(sent / wall for sent, wall in logged) / 1024
     print(
-        f"claims/s, {CLAIMERS} claimers, {LOGGERS} jobs logging ({logging_rate:.0f} KiB/s in all): "
-        f"{busy.per_second:.1f} (p99 {busy.p99_ms:.1f} ms)"
+        f"claims/s, {CLAIMERS} claimers, no job logging: {quiet:.1f} (machine "
+        f"{split['busy_quiet'] * 100:.0f} % busy); {LOGGERS} jobs logging: {logging:.1f} (machine "
+        f"{split['busy_logging'] * 100:.0f} % busy)"
     )
-    cost = 1 - busy.per_second / quiet.per_second
+    on_seconds, backend_cpu = split["on_seconds"], split["backend_cpu"]
+    logger_cores = (split["logger_cpu"] + (backend_cpu or 0.0)) / on_seconds
+    print(
+        f"{LOGGERS} jobs logging: {split['logged_bytes'] / on_seconds / 1024:.0f} KiB/s in all; their "
+        f"appends took {split['logger_cpu']:.2f} CPU-s in Python"
+        + (f" + {backend_cpu:.2f} CPU-s in their PostgreSQL backends" if backend_cpu is not None else "")
+        + f" in {on_seconds:g} s = {logger_cores / cores * 100:.1f} % of the machine's {cores} cores"
+    )
+    cost = 1 - logging / quiet
     print(f"added cost of {LOGGERS} jobs logging on claims/s: {cost * 100:.1f} %")
+    load_end = os.getloadavg()
+    print(f"load average at the end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     print(
         json.dumps(
             {
                 "bench": "logs",
+                "load_average_start": round(load[0], 2),
                 "append_statements": profile["statements"],
-                "append_locks": profile["locked"],
-                "append_cpu_ms": round(profile["cpu_ms"], 2),
-                "append_wall_ms": round(profile["wall_ms"], 2),
+                "append_statements_first": profile["statements_first"],
+                "append_cpu_ms": round(profile["cpu_ms"], 3),
+                "append_backend_cpu_ms": round(backend_ms, 3) if backend_ms is not None else None,
+                "append_wall_ms": round(profile["wall_ms"], 3),
                 "log_mib_per_s_one_worker": round(one_worker, 2),
                 "log_mib_per_s_per_worker_16": round(total / LOGGERS, 3),
                 "log_mib_per_s_total_16": round(total, 2),
-                "claims_per_s_quiet": round(quiet.per_second, 1),
-                "claims_per_s_16_logging": round(busy.per_second, 1),
+                "claims_per_s_quiet": round(quiet, 1),
+                "claims_per_s_16_logging": round(logging, 1),
                 "claims_cost_ratio": round(cost, 4),
+                "machine_busy_quiet": round(split["busy_quiet"], 3),
+                "machine_busy_16_logging": round(split["busy_logging"], 3),
+                "loggers_cpu_share": round(logger_cores / cores, 4),
             }
         )
     )

@@ -1,12 +1,14 @@
-"""Query budgets of the hot worker write paths: claim, renew, release, completion and heartbeat.
+"""Query budgets of the hot worker write paths: claim, renew, release, completion, heartbeat and
+log append.
 
 A regression that adds round trips fails here, on both stores. PostgreSQL answers a successful
-claim, renew, release and heartbeat with one statement each (the functions of migration leases
-0004 and ``actions.sessions.heartbeat``); SQLite (one process) keeps its ORM paths, whose budgets
-are today's counts. Transaction control (BEGIN/COMMIT/SAVEPOINT) is not counted: it is not a
-statement the path chose. The claim budget is taken once the process has learnt the session's
-capability digest, the placement class and the revision's spec template (a process learns each
-once); the dispatch hold is 0 so that the claim ranking never needs the fleet (docs/performance.md).
+claim, renew, release, heartbeat and log append with one statement each (the functions of
+migration leases 0004, ``actions.sessions.heartbeat`` and migration logs 0003); SQLite (one
+process) keeps its ORM paths, whose budgets are today's counts. Transaction control
+(BEGIN/COMMIT/SAVEPOINT) is not counted: it is not a statement the path chose. The claim budget is
+taken once the process has learnt the session's capability digest, the placement class and the
+revision's spec template (a process learns each once); the dispatch hold is 0 so that the claim
+ranking never needs the fleet (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from actions.sessions.heartbeat import session_heartbeat
 from tests.helpers import enqueue, enrolled_worker, make_revision, register, repository_queries
 from tests.leases.flows import claim_one, complete, release, renew, start
+from tests.logs.flows import append_segments
 
 pytestmark = pytest.mark.django_db
 
@@ -29,6 +32,8 @@ BUDGETS = {
     "complete": (15, 14),  # PostgreSQL: + the pg_notify that wakes the worker's waiting claims
     "heartbeat": (1, 2),
     "heartbeat_write": (1, 7),
+    "append_first": (2, 12),  # the first chunk of an attempt in this process (PostgreSQL: + its state)
+    "append": (1, 11),
 }
 
 
@@ -86,3 +91,19 @@ def test_an_unchanged_heartbeat_and_a_slot_change_stay_within_their_budget():
     view, statements = counted(lambda: heartbeat(session, 0, 1))
     assert view.session.version == 1
     assert len(statements) <= budget("heartbeat_write"), statements
+
+
+def test_a_log_append_stays_within_its_budget(warm):
+    """A chunk of two segments: the first of an attempt (the process learns the log's state and
+    the revision's secrets), then the usual one (PostgreSQL: one call of ``ql_log_append``)."""
+    held = start(claim_one(warm))
+    first, statements = counted(
+        lambda: append_segments(held, 1, [("stdout", 0, b"a\n"), ("stderr", 0, b"b\n")])
+    )
+    assert first.status == "stored"
+    assert len(statements) <= budget("append_first"), statements
+    later, statements = counted(
+        lambda: append_segments(held, 2, [("stdout", 2, b"c\n"), ("stderr", 2, b"d\n")])
+    )
+    assert (later.status, later.stored_bytes) == ("stored", 8)
+    assert len(statements) <= budget("append"), statements

@@ -3,8 +3,11 @@ idempotent on exact replay, conflicts named, gaps and truncation visible, secret
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 
+import actions.logs as log_actions
 from actions.leases.expiry import sweep_expired_leases
 from actions.logs import log_compact
 from core.errors import DomainError
@@ -269,3 +272,57 @@ def test_a_secret_sent_one_byte_per_chunk_is_never_stored_whole():
     for seq, byte in enumerate(b"<s3cr3t-value>", start=1):
         append(held, seq, bytes([byte]))
     assert text(held) == b"<" + b"*" * 11 + b"[MASKED]>"
+
+
+@contextmanager
+def another_process():
+    """Appends inside come from another server process: afterwards this process remembers each
+    log as it was before (``actions.logs`` keeps the state of the logs it wrote, PostgreSQL)."""
+    saved = dict(log_actions._known)
+    yield
+    log_actions._known.clear()
+    log_actions._known.update(saved)
+
+
+def test_a_log_another_process_moved_on_is_continued_from_its_stored_state():
+    held, _ = running()
+    append(held, 1, b"one\n")
+    with another_process():
+        append(held, 2, b"two\n")
+    # Planned from this process's memory, chunk 3 would follow a missing chunk 2.
+    answer = append(held, 3, b"three\n")
+    assert (answer.status, answer.next_seq, answer.stored_bytes) == ("stored", 4, 14)
+    assert text(held) == b"one\ntwo\nthree\n"
+
+
+def test_a_replay_of_what_another_process_stored_is_idempotent():
+    held, _ = running()
+    append(held, 1, b"one\n")
+    with another_process():
+        append(held, 2, b"two\n")
+    before = output_rows()
+    replay = append(held, 2, b"two\n", offset=4)
+    assert (replay.status, replay.next_seq) == ("idempotent", 3)
+    assert output_rows() == before
+
+
+def test_a_chunk_only_an_old_memory_of_the_log_would_take_is_refused_on_the_stored_log():
+    held, _ = running()
+    append(held, 1, b"one\n")
+    with another_process():
+        append(held, 2, b"two two\n")
+    before = output_rows()
+    with pytest.raises(DomainError) as behind:
+        append(held, 3, b"late\n", offset=6)  # past "one\n", but behind "two two\n"
+    assert (behind.value.code, behind.value.field) == ("log_chunk_conflict", "segments[0].offset")
+    assert output_rows() == before
+
+
+def test_a_secret_begun_in_a_chunk_another_process_stored_is_masked_on_both_sides():
+    env = {"API_TOKEN": "s3cr3t-value"}
+    held, _ = running(env=env, output=OutputSpec(secret_env=("API_TOKEN",)))
+    append(held, 1, b"one\n")
+    with another_process():
+        append(held, 2, b"token=s3cr")
+    append(held, 3, b"3t-value\n", offset=14)
+    assert text(held) == b"one\ntoken=****[MASKED]\n"
