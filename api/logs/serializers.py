@@ -50,7 +50,8 @@ class LogSegmentSerializer(StrictSerializer):
 
 
 class LogChunkSerializer(LeaseFenceSerializer):
-    seq = StrictIntegerField(min_value=1, max_value=MAX_COUNTER)
+    # One below the counter maximum: the log's next expected seq (seq + 1) must fit its column.
+    seq = StrictIntegerField(min_value=1, max_value=MAX_COUNTER - 1)
     # DRF passes min_length/max_length on to the ListSerializer that many=True builds.
     segments = LogSegmentSerializer(  # type: ignore[call-arg]
         many=True, min_length=1, max_length=MAX_LOG_SEGMENTS

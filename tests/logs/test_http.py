@@ -130,6 +130,7 @@ def test_an_unknown_attempt_is_a_404(client, started):
     "change, field",
     [
         ({"seq": 0}, "seq"),
+        ({"seq": 2**31 - 1}, "seq"),  # its next seq would not fit the log's counter
         ({"segments": []}, "segments"),
         ({"segments": [{"stream": "stdin", "offset": 0, "content": ""}]}, "segments"),
         ({"segments": [{"stream": "stdout", "offset": 0, "content": "not base64!"}]}, "segments"),
@@ -142,6 +143,14 @@ def test_a_malformed_chunk_is_a_400_naming_the_field(started, change, field):
     assert answer.status_code == 400, answer.json()
     assert answer.json()["field"].startswith(field), answer.json()
     assert not LogChunk.objects.exists()
+
+
+def test_the_largest_seq_is_stored_and_its_next_seq_fits(started):
+    api, _, _, fence = started
+    answer = api.post(wire.LOG_APPEND, chunk(fence, 2**31 - 2, ("stdout", 0, b"last\n")))
+    assert answer.status_code == 200, answer.json()
+    assert answer.json()["nextSeq"] == 2**31 - 1
+    assert LogChunk.objects.get().seq == 2**31 - 2
 
 
 def test_a_chunk_above_the_body_limit_is_a_413_before_parsing(started):
