@@ -100,6 +100,9 @@ class AttemptRunner(threading.Thread):
         self.lease = offer["lease"]
         self._cancel = threading.Event()
         self._abandon = threading.Event()
+        #: Set once the starting ACK was answered or given up on (the claim loop's next request
+        #: waits for it, so that the ACK does not queue behind it at the control plane).
+        self.acknowledged = threading.Event()
         self.execution: Execution | None = None
         #: This attempt's own work directory: the job's cwd and the root of its artifact globs.
         self.work_dir = agent.settings.work_dir / str(uuid.UUID(offer["lease"]["attemptId"]))
@@ -159,6 +162,7 @@ class AttemptRunner(threading.Thread):
             if self.execution is not None:
                 self.execution.stop("cancelled")
         finally:
+            self.acknowledged.set()
             self.shipper.stop()
             # The artifacts were uploaded and the completion reported (or the attempt abandoned,
             # its process stopped): nothing of this attempt needs its files any more.
@@ -217,6 +221,8 @@ class AttemptRunner(threading.Thread):
         except (ApiError, TransportError) as exc:
             log.error("attempt %s: starting ACK refused, not starting: %s", attempt_id, exc)
             return
+        finally:
+            self.acknowledged.set()
         if started["cancelRequested"]:
             self._start_failed("cancelled", patience=lease_window / 2)
             log.info("attempt %s: cancelled before it started", attempt_id)

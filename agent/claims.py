@@ -3,6 +3,10 @@ slot is free, and start one attempt runner per offer.
 
 Each claim offers up to ``wire.MAX_OFFERS_PER_CLAIM`` fresh (offer id, lease token) pairs, one
 per free slot; the lease token never leaves this process except in lease calls (docs/leases.md).
+The runners of what a claim answered send their starting ACKs before the loop's next request
+goes out (it waits up to ``STARTING_FIRST_SECONDS`` for their answers): that ACK is on the path
+from enqueue to a started job, the next claim or watch is not, and at the control plane the two
+would compete for the same threads and database lock.
 
 **Long polling (the default; docs/leases.md "Waiting claims").** One waiting claim is in flight
 at a time (``claim/wait``), carrying an offer per free slot and the running attempts to watch
@@ -27,6 +31,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 from typing import TYPE_CHECKING, cast
 
 from protocol import messages as m
@@ -45,6 +50,9 @@ log = logging.getLogger("qinglong.agent")
 POLL_GROWTH = 1.5
 #: Seconds a waiting claim's answer may take beyond the wait the server granted.
 WAIT_SLACK_SECONDS = 10.0
+#: Longest the claim loop holds its next request back for the starting ACKs of what it just
+#: claimed (they go first: each is on the path from enqueue to a started job).
+STARTING_FIRST_SECONDS = 2.0
 
 
 class Claims:
@@ -64,10 +72,20 @@ class Claims:
         ]
 
     def _start(self, answered: list[m.Offer], offers: list[m.OfferRequest]) -> int:
+        """Start a runner per claimed offer; return once each sent its starting ACK and had the
+        answer (at most ``STARTING_FIRST_SECONDS``), so that the loop's next request — sent at
+        once after it — does not compete with the ACKs at the control plane."""
         tokens = {offer["offerId"]: offer["leaseToken"] for offer in offers}
-        for offer in answered:
-            self.agent.start_runner(AttemptRunner(self.agent, offer, tokens[offer["lease"]["offerId"]]))
-        return len(answered)
+        runners = [AttemptRunner(self.agent, offer, tokens[offer["lease"]["offerId"]]) for offer in answered]
+        for runner in runners:
+            self.agent.start_runner(runner)
+        deadline = time.monotonic() + STARTING_FIRST_SECONDS
+        for runner in runners:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.agent.shutdown_requested.is_set():
+                break
+            runner.acknowledged.wait(left)
+        return len(runners)
 
     def once(self) -> int:
         """One short claim; returns how many attempts it started."""

@@ -6,6 +6,11 @@ signed with the worker's key under the RFC 9421 profile (``protocol.signer``, Py
 
 * :class:`ApiError` — the server answered with a JSON error (``code``, ``message``, ``field``);
 * :class:`TransportError` — no answer (connection refused/reset, timeout, non-JSON body).
+
+A kept-alive connection the server closed while it sat idle (its keep-alive timeout: the
+heartbeat thread's connection idles while waiting claims keep the session alive) is not an
+error: a request that finds it closed — refused on send, or hung up on before any answer byte —
+is signed afresh and sent once more on a new connection, quietly (``STALE_ERRORS``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import datetime
 import email.utils
 import http.client
 import json
+import logging
 import socket
 import threading
 import time
@@ -29,6 +35,12 @@ DEFAULT_TIMEOUT = 15.0
 MAX_TIMEOUT = 60.0
 #: Largest response body the agent reads (a claim answer's offers are at most 128 KiB).
 MAX_RESPONSE_BYTES = 256 * 1024
+#: What a request on a reused keep-alive connection meets when the server had closed it while it
+#: sat idle: the send refused, or a hang-up before any byte of an answer. Sent again once, on a
+#: new connection (a fresh connection failing so is an error like any other).
+STALE_ERRORS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, http.client.RemoteDisconnected)
+
+log = logging.getLogger("qinglong.agent")
 
 
 class ApiError(Exception):
@@ -76,8 +88,9 @@ class Client:
         #: Seconds to add to this machine's clock to get the server's (see _learn_clock).
         self.clock_offset = 0.0
         self._local = threading.local()
-        #: Connections of long polls in flight (see :meth:`interrupt`).
+        #: Connections of long polls in flight (see :meth:`interrupt`), and those it cut.
         self._waiting: set[http.client.HTTPConnection] = set()
+        self._cut: set[http.client.HTTPConnection] = set()
         self._waiting_lock = threading.Lock()
 
     def with_key(self, key_id: str, key: Signer) -> Client:
@@ -123,6 +136,7 @@ class Client:
         agent is stopping anyway: an interrupted claim's offers are claimed but not learned."""
         with self._waiting_lock:
             waiting = list(self._waiting)
+            self._cut.update(waiting)  # their failure is the interruption, never a stale connection
         for conn in waiting:
             sock = conn.sock
             if sock is not None:
@@ -130,6 +144,63 @@ class Client:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def _headers(self, target: str, payload: bytes, signed: bool) -> dict[str, str]:
+        """The request's headers, signed now (a fresh nonce and ``created`` for every send)."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if signed:
+            if self.key is None or self.key_id is None:
+                raise RuntimeError("a signed request needs a key")
+            created = datetime.datetime.fromtimestamp(time.time() + self.clock_offset, datetime.UTC)
+            headers.update(
+                sign_request(
+                    method="POST",
+                    path=target,
+                    body=payload,
+                    key_id=self.key_id,
+                    private_key=self.key,
+                    created=created,
+                )
+            )
+        return headers
+
+    def _exchange(
+        self,
+        conn: http.client.HTTPConnection,
+        target: str,
+        payload: bytes,
+        headers: dict[str, str],
+        seconds: float,
+        interruptible: bool,
+    ) -> http.client.HTTPResponse:
+        """Send one request on ``conn`` and read its answer's status line and headers."""
+        conn.timeout = seconds
+        if conn.sock is not None:
+            conn.sock.settimeout(seconds)
+        if interruptible:
+            with self._waiting_lock:
+                self._waiting.add(conn)
+        try:
+            conn.request("POST", target, body=payload, headers=headers)
+            return conn.getresponse()
+        finally:
+            if interruptible:
+                with self._waiting_lock:
+                    self._waiting.discard(conn)
+
+    def _read(
+        self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse, interruptible: bool
+    ) -> bytes:
+        """The answer's body, at most MAX_RESPONSE_BYTES + 1 bytes (``interrupt`` may cut it)."""
+        if interruptible:
+            with self._waiting_lock:
+                self._waiting.add(conn)
+        try:
+            return response.read(MAX_RESPONSE_BYTES + 1)
+        finally:
+            if interruptible:
+                with self._waiting_lock:
+                    self._waiting.discard(conn)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -154,40 +225,30 @@ class Client:
         """
         payload = dumps(body)
         target = self.base_path + path
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if signed:
-            if self.key is None or self.key_id is None:
-                raise RuntimeError("a signed request needs a key")
-            created = datetime.datetime.fromtimestamp(time.time() + self.clock_offset, datetime.UTC)
-            headers.update(
-                sign_request(
-                    method="POST",
-                    path=target,
-                    body=payload,
-                    key_id=self.key_id,
-                    private_key=self.key,
-                    created=created,
-                )
-            )
-        conn = self._connection()
         seconds = self.timeout if timeout is None else timeout
-        conn.timeout = seconds
-        if conn.sock is not None:
-            conn.sock.settimeout(seconds)
-        if interruptible:
-            with self._waiting_lock:
-                self._waiting.add(conn)
-        try:
-            conn.request("POST", target, body=payload, headers=headers)
-            response = conn.getresponse()
-            data = response.read(MAX_RESPONSE_BYTES + 1)
-        except (OSError, http.client.HTTPException) as exc:
-            self.close()
-            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            if interruptible:
+        while True:
+            conn = self._connection()
+            reused = conn.sock is not None
+            answered = False
+            try:
+                response = self._exchange(
+                    conn, target, payload, self._headers(target, payload, signed), seconds, interruptible
+                )
+                answered = True  # the status line arrived: whatever fails now is no stale connection
+                data = self._read(conn, response, interruptible)
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
                 with self._waiting_lock:
-                    self._waiting.discard(conn)
+                    cut = conn in self._cut
+                    self._cut.discard(conn)
+                if reused and not answered and not cut and isinstance(exc, STALE_ERRORS):
+                    # The server closed this connection while it sat idle: not an error.
+                    log.debug("POST %s: the kept-alive connection was closed (%r); reconnecting", path, exc)
+                    continue
+                raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+            with self._waiting_lock:
+                self._cut.discard(conn)  # an interruption that came after the answer cut nothing
+            break
         self._learn_clock(response.getheader("Date"))
         if response.getheader("Connection", "").lower() == "close":
             self.close()

@@ -12,6 +12,10 @@ from django.conf import settings
 #: The environment variable naming the file whose appearance tells a server process that
 #: ``manage.py serve`` is stopping (``api.waiting`` then ends its waiting claims at once).
 SERVE_STOP_FILE_VARIABLE = "QINGLONG_SERVE_STOP_FILE"
+#: ASGI scope key of a waiting request: the event loop's clock (``loop.time()``) when its head
+#: arrived (set by ``qinglong.serving.RequestGuard``). A wait's bound runs from there, not from
+#: when its view got to it (``api.leases.waiting``): queueing for the checks counts against it.
+RECEIVED_AT_SCOPE_KEY = "qinglong.received_at"
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,22 @@ access log, so the whole request — and its wait — runs on the event loop. Dj
 middleware chain has synchronous members (whitenoise, the session and message middleware), and
 one synchronous member makes Django run the whole request, wait included, in a thread. The
 waiting view runs its synchronous services in the bounded pool of ``api.waiting``.
+
+Once the application is built, every module a request needs is imported (the URLconf and its
+views) and what exists then is moved out of the garbage collector's sight (``gc.freeze()``):
+otherwise every full collection walks those ~130,000 long-lived objects again, which adds to
+the pauses of the event loop — and so to every waiting request's timer — while a thousand waits
+are held (docs/deploy.md, "Waiting claims").
 """
 
+import gc
 import os
 
 from django.conf import settings
 from django.core.asgi import get_asgi_application
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
+from django.urls import get_resolver
 
 from protocol import wire
 from qinglong.serving import RequestGuard
@@ -58,3 +66,14 @@ application = RequestGuard(
     body_timeout_seconds=settings.QINGLONG_SERVER["BODY_TIMEOUT_SECONDS"],
     max_active=settings.QINGLONG_SERVER["MAX_ACTIVE_REQUESTS"],
 )
+
+
+def freeze_startup_objects() -> None:
+    """Import what the first requests would (every view, through the URLconf), collect once, and
+    freeze the survivors (``gc.freeze()``): later collections skip them (module docstring)."""
+    get_resolver().url_patterns  # noqa: B018 - imports the URLconf and every view module
+    gc.collect()
+    gc.freeze()
+
+
+freeze_startup_objects()

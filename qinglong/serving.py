@@ -14,7 +14,8 @@
   per process; the others wait here, with their bodies already read, holding no thread.
   Waiting requests (``waiting_paths``, the waiting claim) take no slot: they go to
   ``waiting_app``, which waits on the event loop and runs its synchronous work in a pool of as
-  many threads (``api.waiting``).
+  many threads (``api.waiting``); each is stamped with the moment its head arrived
+  (``core.conf.RECEIVED_AT_SCOPE_KEY``), from which its wait's bound runs.
 
 The body is read here in full (it is small: the cap above) and replayed to Django, so a slow
 client holds a coroutine and a socket, never a thread or a database connection.
@@ -26,6 +27,8 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from core.conf import RECEIVED_AT_SCOPE_KEY
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -76,6 +79,9 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        waiting = self.waiting_app is not None and scope["path"] in self.waiting_paths
+        if waiting:
+            scope[RECEIVED_AT_SCOPE_KEY] = asyncio.get_running_loop().time()
         try:
             self._check_head(scope)
             body = await self._read_body(receive)
@@ -83,7 +89,8 @@ class RequestGuard:
             await _refuse(send, refused)
             return
         replay = _Replay(body, receive)
-        if self.waiting_app is not None and scope["path"] in self.waiting_paths:
+        if waiting:
+            assert self.waiting_app is not None
             await self.waiting_app(scope, replay, send)
             return
         if scope["path"] in UNQUEUED_PATHS:

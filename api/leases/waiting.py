@@ -42,7 +42,7 @@ from api.exceptions import exception_handler
 from api.middleware import BodyLimitMiddleware
 from api.waiting import HUB, Waiter, run_sync
 from api.workers.serializers import session_out
-from core.conf import claim_wait_bound, protocol
+from core.conf import RECEIVED_AT_SCOPE_KEY, claim_wait_bound, protocol
 from core.errors import DomainError
 from core.metrics import WAITING_CLAIMS
 from leases.offers import Offer
@@ -126,14 +126,16 @@ class _Round:
     session: SessionView | None = None
 
 
-def _round(fence: dict, offers: list[OfferRequest], watch: set[str]) -> _Round:
+def _round(fence: dict, offers: list[OfferRequest], watch: set[str], *, probe: bool = True) -> _Round:
     """One round in a pool thread (one hop): the session, then the claim if there is work.
 
     The session is read fenced and kept alive (``session_keep_alive``: a replaced, expired,
     offline session or a revoked worker is refused here), a draining one is refused like the claim
     service refuses it (``session_draining``), and ``lease_claim`` — which fences again under the
     worker lock and checks capacity as it claims — runs only when some attempt is claimable at
-    all (``claimable_placement_classes``, an index probe), so an idle wait writes nothing.
+    all (``claimable_placement_classes``, an index probe), so an idle wait writes nothing. With
+    ``probe=False`` (the round after a ``work`` wake-up, which says work of a class this worker
+    can run was committed) the probe is skipped and the claim runs at once.
     Raises DomainError for any refusal but ``capacity_exhausted`` (a full session waits)."""
     view = session_keep_alive(**fence)
     claimed: list[Offer] = []
@@ -144,7 +146,7 @@ def _round(fence: dict, offers: list[OfferRequest], watch: set[str]) -> _Round:
             "session_draining", "the session is draining and takes no new runs", field="sessionId"
         )
     if offers:
-        if claimable_placement_classes(now=view.server_time):
+        if not probe or claimable_placement_classes(now=view.server_time):
             try:
                 claimed = lease_claim(**fence, offers=offers)
             except DomainError as exc:
@@ -192,6 +194,11 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
         refused = _refusal(DomainError("method_not_allowed", f"{request.method} is not allowed here"))
         refused["Allow"] = ALLOW
         return refused
+    loop = asyncio.get_running_loop()
+    # The bound runs from the request's arrival (stamped by qinglong.serving.RequestGuard): the
+    # time it queued for a pool thread and its checks counts against it, so that the answer comes
+    # within the bound of the worker sending it, however busy the pool is.
+    received = getattr(request, "scope", {}).get(RECEIVED_AT_SCOPE_KEY, loop.time())
     checked = await run_sync(_check, request)
     if isinstance(checked, HttpResponse):
         return checked
@@ -207,8 +214,7 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
     bound = round(
         claim_wait_bound(data["waitSeconds"]) * (1 - random.uniform(0, protocol().heartbeat_jitter_ratio)), 3
     )
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + bound
+    deadline = received + bound
     waiter = Waiter(
         str(principal.worker_id), wants_work=bool(offers), session=(data["sessionId"], data["generation"])
     )
@@ -234,7 +240,7 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
                 ended = reason
                 break
             try:
-                result = await run_sync(_round, fence, offers, watch)
+                result = await run_sync(_round, fence, offers, watch, probe=reason != "work")
             except DomainError as exc:
                 return _refusal(exc)
             if result.offers:

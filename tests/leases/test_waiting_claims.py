@@ -9,6 +9,7 @@ nothing for the old session.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -19,18 +20,22 @@ from datetime import timedelta
 import psycopg
 import pytest
 from django.db import close_old_connections, connection
+from django.test import AsyncRequestFactory
 
 from actions.credentials import credential_force_rotation
 from actions.runs import run_cancel
 from actions.sessions.heartbeat import session_keep_alive, sessions_keep_alive
 from actions.workers import worker_drain, worker_revoke
+from api.leases.waiting import claim_wait
 from api.waiting import HUB, MAX_WAITS_PER_SESSION
 from core import wakeups
+from core.conf import RECEIVED_AT_SCOPE_KEY
 from core.db import db_now
 from leases.models import RunDispatchLease
 from protocol import wire
 from protocol.signing import sign_request
 from protocol.strictjson import dumps
+from qinglong.serving import RequestGuard
 from tests.agent.processes import wait_for
 from tests.helpers import OfferTicket, enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, running, starting
@@ -357,3 +362,77 @@ def test_options_on_the_waiting_claim_agrees_with_its_allow_header(live_server):
     assert allow == "POST, OPTIONS"
     assert status != 405 and status == ask(wire.CLAIM, "OPTIONS")[0], status
     assert ask(wire.CLAIM_WAIT, "GET") == (405, "POST, OPTIONS")
+
+
+# --- the bound runs from the request's arrival ---------------------------------------------------
+
+
+def test_the_guard_stamps_a_waiting_request_with_its_arrival_and_no_other():
+    """``RequestGuard`` stamps waiting requests (only) with the loop clock when their head came."""
+    seen: dict[str, dict] = {}
+
+    def app(name: str):
+        async def handle(scope, receive, send):
+            seen[name] = scope
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+        return handle
+
+    guard = RequestGuard(
+        app("django"),
+        waiting_app=app("waiting"),
+        waiting_paths=frozenset({wire.CLAIM_WAIT}),
+        max_headers=64,
+        max_body_bytes=1024,
+        body_timeout_seconds=5,
+        max_active=2,
+    )
+
+    async def call(path: str) -> float:
+        async def receive():
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message):
+            return None
+
+        before = asyncio.get_running_loop().time()
+        await guard({"type": "http", "path": path, "headers": []}, receive, send)
+        return before
+
+    async def both() -> tuple[float, float]:
+        return await call(wire.CLAIM_WAIT), await call(wire.SESSION_HEARTBEAT)
+
+    before, _ = asyncio.run(both())
+    assert RECEIVED_AT_SCOPE_KEY not in seen["django"]
+    assert before <= seen["waiting"][RECEIVED_AT_SCOPE_KEY] <= before + 1.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wait_that_queued_before_its_view_ends_by_its_bound_from_arrival(protocol_settings):
+    """A request whose head arrived 1.2 s before the view ran (it queued for the pool, its checks
+    were slow) answers ``timeout`` about 0.3 s later with a 1.5 s bound — not 1.5 s later."""
+    protocol_settings(CLAIM_WAIT_MAX_SECONDS=1.5, HEARTBEAT_JITTER_RATIO=0)
+    session = register(enrolled_worker())
+    raw = dumps({**session.fence(), "offers": [], "watch": [], "waitSeconds": 30})
+    headers = sign_request(
+        method="POST",
+        path=wire.CLAIM_WAIT,
+        body=raw,
+        key_id=session.worker.credential_id,
+        private_key=session.worker.key,
+    )
+
+    async def wait() -> tuple[dict, float]:
+        request = AsyncRequestFactory().generic(
+            "POST", wire.CLAIM_WAIT, raw, content_type="application/json", headers=headers
+        )
+        loop = asyncio.get_running_loop()
+        request.scope[RECEIVED_AT_SCOPE_KEY] = loop.time() - 1.2
+        started = loop.time()
+        response = await claim_wait(request)
+        return json.loads(response.content), loop.time() - started
+
+    body, took = asyncio.run(wait())
+    assert body["ended"] == "timeout" and body["waitSeconds"] == 1.5, body
+    assert took < 1.0, took
