@@ -64,7 +64,7 @@ class LogState:
     """An attempt log's state as an append sees it (``logs.models.AttemptLog``'s columns):
     ``stream_ends`` {stream: the agent's offset after the last byte received}, ``stream_newline``
     {stream: whether its stored bytes end with a newline}, ``stream_tails`` {stream: its last
-    stored bytes, latin-1, for masking across chunks}, the rate window (database clock).
+    stored bytes after their last NUL, latin-1, for masking across chunks}, the rate window (database clock).
     The defaults are a log that has no row yet."""
 
     next_seq: int = 1
@@ -272,7 +272,10 @@ def _mask_segment(
             overwrite[segment.stream] = max(rest, overwrite.get(segment.stream, 0))
         tail = tail[: len(tail) - covered] + b"*" * covered
     keep = max(len(value) for value in secrets) - 1
-    tails[segment.stream] = (tail + masked)[-keep:] if keep else b""
+    kept = (tail + masked)[-keep:] if keep else b""
+    # No secret holds a NUL (task creation refuses one in an env value), so none can begin before
+    # the last NUL; and the tails are a JSON column, which PostgreSQL's jsonb refuses U+0000 in.
+    tails[segment.stream] = kept[kept.rfind(b"\0") + 1 :]
     return masked
 
 

@@ -37,10 +37,15 @@ class CapabilitiesField(serializers.JSONField):
             raise ProtocolError(exc.code, exc.message, field) from None
 
 
+#: Session generations are stored as 64-bit integers; a larger number names no session (and is
+#: out of range for the PostgreSQL functions that take it: a 500).
+MAX_GENERATION = 2**63 - 1
+
+
 class FenceSerializer(StrictSerializer):
     workerId = StrictUUIDField(required=False, help_text="optional; must equal the authenticated worker")
     sessionId = StrictUUIDField()
-    generation = StrictIntegerField(min_value=1)
+    generation = StrictIntegerField(min_value=1, max_value=MAX_GENERATION)
 
 
 class RegisterSerializer(StrictSerializer):
