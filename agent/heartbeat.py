@@ -88,7 +88,10 @@ class Heartbeat:
             except TransportError:
                 return  # only when stopping: calls retry forever otherwise
             with self._changed:
-                self._due = time.monotonic() + delay
+                # A waiting claim that began while this heartbeat was in flight postponed the next
+                # one past its wait: that postponement stands (an idle agent's only requests are
+                # then its waits, about two a minute).
+                self._due = max(self._due, time.monotonic() + delay)
 
     def step(self) -> float:
         """One heartbeat and what its answer asks for; returns the delay until the next one."""

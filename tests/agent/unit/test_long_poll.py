@@ -156,3 +156,32 @@ def test_a_wait_not_answered_brings_the_heartbeat_back_before_the_call_gives_up(
     assert len(client.calls) == 3
     assert due_at_retry[0] > 25  # postponed past the wait while the first try was in flight
     assert due_at_retry[1] <= 0 and due_at_retry[2] <= 0  # due at once from the first failed try
+
+
+def test_a_postponement_made_while_a_heartbeat_is_in_flight_stands(tmp_path):
+    """A waiting claim that starts while a heartbeat is in flight postpones the next heartbeat past
+    its wait; the heartbeat's own answer (next one in 0.1 s here) must not bring it forward — an
+    idle agent sent three needless heartbeats during its first wait after finishing work."""
+    agent, _ = make_agent(tmp_path, {})
+    agent.session.heartbeat_interval = 0.05
+    beat = agent.heartbeat
+    steps: list[float] = []
+    in_flight, release = threading.Event(), threading.Event()
+
+    def step() -> float:
+        steps.append(time.monotonic())
+        if len(steps) == 1:
+            in_flight.set()
+            release.wait(5)
+        return 0.1
+
+    beat.step = step  # type: ignore[method-assign]
+    beat.start()
+    try:
+        assert in_flight.wait(5)
+        beat.postpone(1.5)  # a wait starts now, while the first heartbeat is in flight
+        release.set()
+        time.sleep(0.8)  # several of the answer's 0.1 s delays
+        assert len(steps) == 1, steps
+    finally:
+        beat.stop()
