@@ -294,7 +294,11 @@ def test_a_waiting_claim_with_an_offer_twice_is_refused_before_it_waits(live_ser
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=40)
     body = json.loads(refused.value.read())
-    assert (refused.value.code, body["code"], body["field"]) == (400, "validation_failed", f"offers[1].{repeated}")
+    assert (refused.value.code, body["code"], body["field"]) == (
+        400,
+        "validation_failed",
+        f"offers[1].{repeated}",
+    )
     assert time.monotonic() - started < 10  # not held for its 20 s wait
 
 
