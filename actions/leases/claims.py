@@ -64,8 +64,11 @@ class OfferRequest:
     lease_token: str
 
 
-def _check_offers(offers: list[OfferRequest]) -> None:
-    """Shape rules the wire serializer also enforces, kept here so that no caller can skip them."""
+def check_offers(offers: list[OfferRequest]) -> None:
+    """The shape rules of a claim's offers (1 to ``MAX_OFFERS_PER_CLAIM``, UUID offer ids, lease
+    tokens of at least 128 bits, no offer id or token twice), kept here so that no caller can skip
+    them; the waiting claim runs them before it waits (docs/leases.md, "Waiting claims").
+    Raises DomainError ``validation_failed`` naming the field (``offers[i].offerId``, …)."""
     if not 1 <= len(offers) <= MAX_OFFERS_PER_CLAIM:
         raise DomainError("validation_failed", f"1 to {MAX_OFFERS_PER_CLAIM} offers", field="offers")
     seen_ids: set[uuid.UUID] = set()
@@ -271,7 +274,7 @@ def lease_claim(
     offer is a replay), ``capacity_exhausted``, ``lease_offer_conflict``, ``lease_released``/
     ``lease_completed``/``lease_expired`` (a replayed offer whose lease ended), ``lock_timeout``.
     """
-    _check_offers(offers)
+    check_offers(offers)
     if connection.vendor == "postgresql":
         done = _claim_in_database(worker_id, session_id, generation, offers)
         if done is not None:

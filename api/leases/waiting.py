@@ -35,7 +35,7 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 
-from actions.leases.claims import OfferRequest, lease_claim
+from actions.leases.claims import OfferRequest, check_offers, lease_claim
 from actions.sessions.heartbeat import session_keep_alive
 from api.base import WorkerAPIView, validated
 from api.exceptions import exception_handler
@@ -75,6 +75,9 @@ class ClaimWaitCheck(WorkerAPIView):
     )
     def post(self, request):
         data = validated(s.ClaimWaitSerializer, request)
+        if data["offers"]:
+            # Refused now, as a plain claim refuses them, not only once a round finds work to claim.
+            check_offers([OfferRequest(o["offerId"], o["leaseToken"]) for o in data["offers"]])
         setattr(request._request, _CHECKED, (self.principal, data))
         return Response(status=204)
 

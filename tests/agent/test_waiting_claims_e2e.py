@@ -137,3 +137,48 @@ def test_a_server_shutting_down_ends_its_waiting_claims_at_once(tmp_path):
         assert server.process.wait(30) == 0
     finally:
         server.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "review of issue 18: a c: wake-up wakes the oldest waiter of a capabilities group, and the "
+        "claim ranking (placement.ranking) makes it defer a fresh run to a better-ranked idle worker "
+        "of the same group, which is waiting too but is not woken: the run waits for the dispatch "
+        "hold (QINGLONG_DISPATCH_HOLD_SECONDS, 10 s) instead of milliseconds"
+    ),
+)
+def test_a_run_reaches_two_idle_waiting_workers_at_once_whichever_waited_first(tmp_path):
+    """Two idle workers of the same capabilities both hold a waiting claim; the worse-ranked one
+    (higher worker id, placement.ranking) began its wait first. A run enqueued through the API must
+    be claimed by one of them within the push deadline, not after the dispatch hold."""
+    server = ControlPlane(tmp_path, **SERVER_SETTINGS, QINGLONG_DISPATCH_HOLD_SECONDS="30")
+    server.start()
+    better = register(enrolled_worker())
+    worse = register(enrolled_worker())
+    assert str(better.worker.worker_id) < str(worse.worker.worker_id)  # rank: worker id ascending
+    answers: list[tuple[int, dict]] = []
+    threads = []
+    try:
+        for count, session in enumerate((worse, better), start=1):
+            thread = threading.Thread(
+                target=lambda session=session: answers.append(wait_request(server.url, session, wait=45)),
+                daemon=True,
+            )
+            thread.start()
+            threads.append(thread)
+            wait_for(
+                lambda count=count: waiting_claims(server) >= count, timeout=60, what="the waiting claims"
+            )
+        revision = make_revision(command="true")
+        run = post(server, "/api/v1/ops/runs", {"revisionId": str(revision.pk)}, operator_headers("ops-two"))
+        wait_for(
+            lambda: RunDispatchLease.objects.filter(run_id=run["id"]).exists(),
+            timeout=PUSH_DEADLINE_SECONDS,
+            what="a claim of the run by either waiting worker",
+            step=0.02,
+        )
+    finally:
+        server.stop()  # ends both waits (shutdown)
+        for thread in threads:
+            thread.join(10)

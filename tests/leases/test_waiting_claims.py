@@ -262,6 +262,46 @@ def test_a_waiting_claim_with_nothing_to_do_answers_at_its_bound(live_server, pr
     assert body["waitSeconds"] - 0.1 <= elapsed < 15
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("repeated", ["offerId", "leaseToken"])
+def test_a_waiting_claim_with_an_offer_twice_is_refused_before_it_waits(live_server, repeated):
+    """Review of issue 18: the offers' shape rules (an offer id or lease token twice) ran only in
+    ``lease_claim``, which a round calls only when work is claimable: with an empty queue such a
+    claim was accepted and held for its whole wait (200 ``timeout``), and refused 400 only if
+    work came. It is refused at once, as the plain claim refuses it, naming the field."""
+    session = register(enrolled_worker())
+    first, second = OfferTicket(), OfferTicket()
+    offers = [{"offerId": str(first.offer_id), "leaseToken": first.token}]
+    if repeated == "offerId":
+        offers.append({"offerId": str(first.offer_id), "leaseToken": second.token})
+    else:
+        offers.append({"offerId": str(second.offer_id), "leaseToken": first.token})
+    raw = dumps({**session.fence(), "offers": offers, "watch": [], "waitSeconds": 20})
+    headers = sign_request(
+        method="POST",
+        path=wire.CLAIM_WAIT,
+        body=raw,
+        key_id=session.worker.credential_id,
+        private_key=session.worker.key,
+    )
+    request = urllib.request.Request(
+        live_server.url + wire.CLAIM_WAIT,
+        data=raw,
+        headers={"Content-Type": "application/json", **headers},
+        method="POST",
+    )
+    started = time.monotonic()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=40)
+    body = json.loads(refused.value.read())
+    assert (refused.value.code, body["code"], body["field"]) == (
+        400,
+        "validation_failed",
+        f"offers[1].{repeated}",
+    )
+    assert time.monotonic() - started < 10  # not held for its 20 s wait
+
+
 # --- what ends a held wait besides work: a forced rotation, a drain, a newer wait; OPTIONS ---
 
 
