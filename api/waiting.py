@@ -9,9 +9,12 @@ wakes it when the database says something changed (``core.wakeups``):
 * on SQLite (one standalone process) the committing thread hands the payload over in-process.
 
 A ``c:<placement class>`` wake-up wakes *one* waiter per group of identical capabilities that
-the class admits (the match is computed once per pair and cached), not the whole fleet; a waiter
-that claimed all it asked for passes the wake-up on to the next waiter of its group, since more
-work may be waiting. A ``w:<worker>`` wake-up wakes every waiter of that worker (its fence,
+the class admits (the match is computed once per pair and cached), not the whole fleet: the one
+the claim ranking puts first (``placement.ranking``: in a group every worker has the same score,
+so most free slots — the offers it holds — then the lowest worker id). Waking any other would
+make it defer a fresh run to the better-ranked waiter, which nobody woke, for the dispatch hold.
+A waiter that claimed all it asked for passes the wake-up on to the next of its group, since
+more work may be waiting. A ``w:<worker>`` wake-up wakes every waiter of that worker (its fence,
 capacity or cancellations changed). Missed wake-ups are harmless: every
 ``CLAIM_WAIT_RECHECK_SECONDS`` the hub probes the queue for classes with claimable work (one
 index scan per process, not one per waiter) and wakes waiters for them as if notified; and every
@@ -99,6 +102,7 @@ class Waiter:
         "capabilities",
         "capabilities_sha256",
         "event",
+        "free",
         "loop",
         "pending",
         "reason",
@@ -109,8 +113,12 @@ class Waiter:
         "worker_id",
     )
 
-    def __init__(self, worker_id: str, *, wants_work: bool, session: tuple[uuid.UUID, int]) -> None:
+    def __init__(
+        self, worker_id: str, *, wants_work: bool, session: tuple[uuid.UUID, int], free: int = 0
+    ) -> None:
         self.worker_id = worker_id
+        #: the offers the request holds: its worker's free slots, for the claim ranking's order
+        self.free = free
         #: (session id, generation) the request is fenced by: kept alive while it waits
         self.session = session
         self.wants_work = wants_work
@@ -332,12 +340,12 @@ class WakeHub:
                 )
 
     def _wake_group(self, capabilities_sha256: str, exclude: Waiter | None = None) -> None:
+        """Wake the group's waiter the claim ranking puts first (see the module doc)."""
         with self._lock:
             group = list(self.groups.get(capabilities_sha256, ()))
-        for waiter in group:
-            if waiter is not exclude and not waiter.pending:
-                waiter.wake("work")
-                return
+        ready = [waiter for waiter in group if waiter is not exclude and not waiter.pending]
+        if ready:
+            min(ready, key=lambda waiter: (-waiter.free, waiter.worker_id)).wake("work")
 
     async def _decide_and_wake(self, capabilities_sha256: str, placement_sha256: str) -> None:
         with self._lock:

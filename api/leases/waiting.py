@@ -219,7 +219,10 @@ async def claim_wait(request: HttpRequest) -> HttpResponse:
     )
     deadline = received + bound
     waiter = Waiter(
-        str(principal.worker_id), wants_work=bool(offers), session=(data["sessionId"], data["generation"])
+        str(principal.worker_id),
+        wants_work=bool(offers),
+        session=(data["sessionId"], data["generation"]),
+        free=len(offers),
     )
     HUB.add(waiter)  # before the first round: a wake-up committed during it is not lost
     WAITING_CLAIMS.inc()

@@ -139,15 +139,6 @@ def test_a_server_shutting_down_ends_its_waiting_claims_at_once(tmp_path):
         server.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "review of issue 18: a c: wake-up wakes the oldest waiter of a capabilities group, and the "
-        "claim ranking (placement.ranking) makes it defer a fresh run to a better-ranked idle worker "
-        "of the same group, which is waiting too but is not woken: the run waits for the dispatch "
-        "hold (QINGLONG_DISPATCH_HOLD_SECONDS, 10 s) instead of milliseconds"
-    ),
-)
 def test_a_run_reaches_two_idle_waiting_workers_at_once_whichever_waited_first(tmp_path):
     """Two idle workers of the same capabilities both hold a waiting claim; the worse-ranked one
     (higher worker id, placement.ranking) began its wait first. A run enqueued through the API must
