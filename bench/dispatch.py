@@ -20,6 +20,11 @@ the same run: **long polling** (the agent's default, waiting claims) and **short
 * **idle requests per worker per minute**: the worker API requests the server counted
   (``/metrics``) while the one agent sat idle for ``--idle-seconds`` — heartbeats included.
 
+With ``--pg-url``, **two replicas**: a second ``manage.py serve`` on the same PostgreSQL
+database, a real agent waiting on it, and ``--runs`` runs enqueued through the first one's
+operator API (the wake-up crosses replicas through ``LISTEN/NOTIFY``): enqueue → starting
+percentiles.
+
 Then **the idle fleet** (``--fleet`` simulated workers, 0 to skip): one asyncio process enrolls
 and registers that many workers and keeps a waiting claim open for each (signed requests, one
 keep-alive connection each, 30 s waits) for ``--fleet-seconds`` against the same single server
@@ -150,7 +155,7 @@ def until(predicate, timeout: float, what: str, step: float = 0.005):
 
 
 class Server:
-    def __init__(self) -> None:
+    def __init__(self, *, operator: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = VAR / "serve.log"
@@ -163,8 +168,10 @@ class Server:
                 stderr=subprocess.STDOUT,
             )
         until(self._answers, 60, "control plane", step=0.2)
-        user = get_user_model().objects.create_superuser("bench", password="bench-dispatch-only")
-        self.token = api_token_create(user=user, name="bench", role="admin", ttl_seconds=7200).token
+        self.token = ""
+        if operator:
+            user = get_user_model().objects.create_superuser("bench", password="bench-dispatch-only")
+            self.token = api_token_create(user=user, name="bench", role="admin", ttl_seconds=7200).token
 
     def _answers(self) -> bool:
         if self.process.poll() is not None:
@@ -267,7 +274,23 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-def measure_agent(server: Server, *, long_poll: bool, tag: str) -> dict[str, float]:
+def measure_agent(
+    server: Server,
+    *,
+    long_poll: bool,
+    tag: str,
+    through: Server | None = None,
+    runs: int | None = None,
+    cancel_runs: int | None = None,
+    idle_seconds: float | None = None,
+) -> dict[str, float]:
+    """One real agent on ``server``: ``runs`` enqueue→starting latencies (runs enqueued through
+    ``through``'s operator API, default ``server``), ``cancel_runs`` cancel→stopped latencies and the
+    requests it sends idle for ``idle_seconds`` (defaults: the command line's)."""
+    runs = ARGS.runs if runs is None else runs
+    cancel_runs = ARGS.cancels if cancel_runs is None else cancel_runs
+    idle_seconds = ARGS.idle_seconds if idle_seconds is None else idle_seconds
+    operator = through or server
     agent = RealAgent(server, f"bench-{tag}", long_poll=long_poll)
     quick = task_create(
         name=f"quick-{tag}", spec=RevisionSpec(executor="shell", command="true", timeout_seconds=30)
@@ -278,10 +301,10 @@ def measure_agent(server: Server, *, long_poll: bool, tag: str) -> dict[str, flo
     time.sleep(1.0)  # the agent settles into its idle loop
     latencies: list[float] = []
     from_commit: list[float] = []
-    for _ in range(ARGS.runs):
+    for _ in range(runs):
         time.sleep(random.uniform(0.2, 2.0))
         sent = time.time()
-        run = server.ops("runs", {"revisionId": str(quick.pk)})
+        run = operator.ops("runs", {"revisionId": str(quick.pk)})
         lease = until(
             lambda run_id=run["id"]: RunDispatchLease.objects.filter(
                 run_id=run_id, starting_at__isnull=False
@@ -294,8 +317,8 @@ def measure_agent(server: Server, *, long_poll: bool, tag: str) -> dict[str, flo
         from_commit.append((lease.starting_at.timestamp() - created) * 1000)
         until(lambda run_id=run["id"]: Run.objects.get(pk=run_id).state in RUN_TERMINAL, 60, "run end")
     cancels = []
-    for _ in range(ARGS.cancels):
-        run = server.ops("runs", {"revisionId": str(slow.pk)})
+    for _ in range(cancel_runs):
+        run = operator.ops("runs", {"revisionId": str(slow.pk)})
         attempt = until(
             lambda run_id=run["id"]: RunAttempt.objects.filter(run_id=run_id, pgid__isnull=False).first(),
             60,
@@ -303,7 +326,7 @@ def measure_agent(server: Server, *, long_poll: bool, tag: str) -> dict[str, flo
         )
         time.sleep(random.uniform(0.5, 2.0))
         sent = time.monotonic()
-        server.ops(f"runs/{run['id']}/cancel", {"reason": "bench"})
+        operator.ops(f"runs/{run['id']}/cancel", {"reason": "bench"})
 
         def gone(pgid: int = attempt.pgid) -> bool:
             try:
@@ -316,11 +339,11 @@ def measure_agent(server: Server, *, long_poll: bool, tag: str) -> dict[str, flo
         cancels.append((time.monotonic() - sent) * 1000)
         until(lambda run_id=run["id"]: Run.objects.get(pk=run_id).state in RUN_TERMINAL, 60, "run end")
     idle = NAN
-    if ARGS.idle_seconds > 0:
+    if idle_seconds > 0:
         time.sleep(2.0)  # the last completion's follow-up requests
         before = server.worker_requests()
-        time.sleep(ARGS.idle_seconds)
-        idle = (server.worker_requests() - before) / ARGS.idle_seconds * 60
+        time.sleep(idle_seconds)
+        idle = (server.worker_requests() - before) / idle_seconds * 60
     agent.stop()
 
     def at(values: list[float], fraction: float) -> float:
@@ -527,6 +550,20 @@ def main() -> int:
         ]:
             print(f"{label:24}{long_poll[key]:>16.1f}{short_poll[key]:>16.1f}")
         print(f"({ARGS.runs} runs and {ARGS.cancels} cancels each, idle window {ARGS.idle_seconds:g} s)")
+        replicas = {}
+        if ARGS.pg_url and ARGS.runs:
+            say("two replicas on PostgreSQL: runs enqueued through this one, the agent waits on another")
+            other = Server(operator=False)
+            try:
+                replicas = measure_agent(
+                    other, long_poll=True, tag="replica", through=server, cancel_runs=0, idle_seconds=0
+                )
+            finally:
+                other.stop()
+            print(
+                f"two replicas: enqueue->starting p50 {replicas['p50']:.1f} ms, p90 {replicas['p90']:.1f} ms,"
+                f" p99 {replicas['p99']:.1f} ms, max {replicas['max']:.1f} ms ({ARGS.runs} runs)"
+            )
         if ARGS.fleet:
             say(f"idle fleet: {ARGS.fleet} simulated workers, waiting claims for {ARGS.fleet_seconds:g} s")
             workers = enroll_fleet(ARGS.fleet)
@@ -545,6 +582,11 @@ def main() -> int:
             f"cancel_to_stop_p50_ms={long_poll['cancel_p50']:.0f} "
             f"idle_requests_per_worker_per_min={long_poll['idle']:.2f} "
             f"fleet_refused={int(figures['refused'])} fleet_late={int(figures['late'])}"
+            + (
+                f" two_replicas_p50_ms={replicas['p50']:.0f} two_replicas_p99_ms={replicas['p99']:.0f}"
+                if replicas
+                else ""
+            )
         )
     finally:
         server.stop()
