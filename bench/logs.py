@@ -3,7 +3,7 @@ the claim path.
 
     .venv/bin/python bench/logs.py --pg-url postgres://postgres@127.0.0.1:5432/qinglong_logs_bench
 
-What it measures (docs/logs.md, docs/performance.md), at the write-path boundary
+What it measures (docs/logs.md, docs/performance.md), first at the write-path boundary
 (``actions.logs.log_append``: one transaction with both fences, the attempt log row, the segment
 rows; HTTP, base64 and signature checks are not included), each worker a separate OS process
 with its own connection, the chunks full (32 KiB: a stdout and a stderr segment of job-like
@@ -21,10 +21,18 @@ output lines, about 3x compressible):
   in all). Claims are counted per window; the added cost is the drop of claims/s in the logging
   windows against the others. With it: each window's claims/s, the CPU the 16 loggers took
   (their processes and their PostgreSQL backends, from /proc) as a share of the machine, and how
-  busy the machine was in each kind of window.
+  busy the machine was in each kind of window;
+* **the same over signed HTTP** (bench/logs_http.py): one ``manage.py serve`` (the production
+  server, cluster-control profile, Redis, this database); ``--http-clients`` claimers (4, threads
+  of one process) loop claim -> starting -> running -> complete over HTTP, and 16 other workers,
+  each holding a running lease, post a full chunk a second to ``POST /api/v1/worker/lease/log``
+  from another process, in the same alternating windows. With it: each window's claim loops/s,
+  the server's CPU (Python process tree and PostgreSQL) in both kinds of window, the server CPU
+  per chunk and as a share of the machine, and the loggers' own client CPU (base64, signing).
 
-The load average is printed first. The benchmark database is wiped (every QingLong table
-truncated) first. The last line is machine-readable.
+The load average is printed first (and before the HTTP part). The benchmark database is wiped
+(every QingLong table truncated) first, and again before the HTTP part. The last line is
+machine-readable.
 """
 
 from __future__ import annotations
