@@ -49,8 +49,9 @@ bench-claim: $(VENV)/.dev
 	$(PY) bench/claim.py --pg-url $(BENCH_PG_URL) $(ARGS)
 
 ## bench-logs: log throughput per worker (MiB/s), one append's statements and CPU, and claims/s with 16 jobs
-## logging vs none (alternating windows of one run, with the CPU the loggers take), on
-## PostgreSQL; wipes the QingLong tables of $(BENCH_LOGS_PG_URL) (created if missing)
+## logging vs none (alternating windows of one run, with the CPU the loggers take), in-process and
+## over signed HTTP (manage.py serve: the server CPU per chunk), on PostgreSQL; wipes the
+## QingLong tables of $(BENCH_LOGS_PG_URL) (created if missing); ARGS="--port N" picks the port
 BENCH_LOGS_PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong_logs_bench
 bench-logs: $(VENV)/.dev
 	$(PY) bench/logs.py --pg-url $(BENCH_LOGS_PG_URL) $(ARGS)

@@ -3,7 +3,7 @@ the claim path.
 
     .venv/bin/python bench/logs.py --pg-url postgres://postgres@127.0.0.1:5432/qinglong_logs_bench
 
-What it measures (docs/logs.md, docs/performance.md), at the write-path boundary
+What it measures (docs/logs.md, docs/performance.md), first at the write-path boundary
 (``actions.logs.log_append``: one transaction with both fences, the attempt log row, the segment
 rows; HTTP, base64 and signature checks are not included), each worker a separate OS process
 with its own connection, the chunks full (32 KiB: a stdout and a stderr segment of job-like
@@ -21,10 +21,18 @@ output lines, about 3x compressible):
   in all). Claims are counted per window; the added cost is the drop of claims/s in the logging
   windows against the others. With it: each window's claims/s, the CPU the 16 loggers took
   (their processes and their PostgreSQL backends, from /proc) as a share of the machine, and how
-  busy the machine was in each kind of window.
+  busy the machine was in each kind of window;
+* **the same over signed HTTP** (bench/logs_http.py): one ``manage.py serve`` (the production
+  server, cluster-control profile, Redis, this database); ``--http-clients`` claimers (4, threads
+  of one process) loop claim -> starting -> running -> complete over HTTP, and 16 other workers,
+  each holding a running lease, post a full chunk a second to ``POST /api/v1/worker/lease/log``
+  from another process, in the same alternating windows. With it: each window's claim loops/s,
+  the server's CPU (Python process tree and PostgreSQL) in both kinds of window, the server CPU
+  per chunk and as a share of the machine, and the loggers' own client CPU (base64, signing).
 
-The load average is printed first. The benchmark database is wiped (every QingLong table
-truncated) first. The last line is machine-readable.
+The load average is printed first (and before the HTTP part). The benchmark database is wiped
+(every QingLong table truncated) first, and again before the HTTP part. The last line is
+machine-readable.
 """
 
 from __future__ import annotations
@@ -55,6 +63,15 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="each throughput measurement")
     parser.add_argument("--windows", type=int, default=12, help="claim windows, half of them logging")
     parser.add_argument("--window", type=float, default=2.5, help="seconds per claim window")
+    parser.add_argument(
+        "--http-clients", type=int, default=CLAIMERS, help="HTTP claimers (threads of one process)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="serve the HTTP part here (default: first free of 8300-8399)",
+    )
     args = parser.parse_args()
     ensure_database(args.pg_url)
     os.environ["QINGLONG_LOG_MAX_BYTES"] = str(1 << 40)  # measure the writes, not the cap
@@ -62,6 +79,7 @@ def main() -> int:
     setup_django(args.pg_url)
     # These import Django models: only after django.setup().
     import claim_measure  # noqa: PLC0415
+    import logs_http  # noqa: PLC0415
     import logs_measure  # noqa: PLC0415
     from django.core.management import call_command  # noqa: PLC0415
     from django.db import connections  # noqa: PLC0415
@@ -144,6 +162,47 @@ def main() -> int:
     )
     cost = 1 - logging / quiet
     print(f"added cost of {LOGGERS} jobs logging on claims/s: {cost * 100:.1f} %")
+
+    load_http = os.getloadavg()
+    http = logs_http.measure(
+        args.pg_url,
+        context,
+        claimers=args.http_clients,
+        loggers=LOGGERS,
+        windows=args.windows,
+        window=args.window,
+        port=args.port,
+    )
+    windows = " ".join(f"{rate:.0f}{'*' if on else ''}" for rate, on in http["per_window"])
+    print(
+        f"over signed HTTP (manage.py serve, cluster-control; load average {load_http[0]:.2f}): "
+        f"claim loops/s (claim, starting, running, complete), {args.http_clients} clients, in "
+        f"{args.windows} windows of {args.window:g} s (* = {LOGGERS} jobs logging over HTTP): {windows}"
+    )
+    print(
+        f"  claims/s, no job logging: {http['quiet']:.1f} (machine {http['busy_quiet'] * 100:.0f} % busy); "
+        f"{LOGGERS} jobs logging: {http['logging']:.1f} (machine {http['busy_logging'] * 100:.0f} % busy)"
+    )
+    print(
+        f"  {http['chunks']} chunks of 32 KiB in {http['on_seconds']:g} s "
+        f"({http['logged_bytes'] / http['on_seconds'] / 1024:.0f} KiB/s), latency p50 "
+        f"{http['chunk_p50_ms']:.1f} ms, p99 {http['chunk_p99_ms']:.1f} ms; largest interval answered "
+        f"{http['max_interval']:g} s; {http['backpressure']} backpressure answer(s)"
+    )
+    print(
+        f"  server CPU (Python + PostgreSQL), in cores: {http['server_cpu_quiet']:.2f} quiet "
+        f"({http['python_cpu_quiet']:.2f} + {http['database_cpu_quiet']:.2f}), "
+        f"{http['server_cpu_logging']:.2f} logging ({http['python_cpu_logging']:.2f} + "
+        f"{http['database_cpu_logging']:.2f}); {http['server_ms_per_claim']:.2f} CPU-ms per claim "
+        f"loop; the chunks: {http['chunk_server_ms']:.2f} CPU-ms each = "
+        f"{http['chunk_server_cpu'] / cores * 100:.1f} % of the machine's {cores} cores"
+    )
+    print(
+        f"  client CPU: the loggers' process {http['loggers_client_cpu'] / cores * 100:.1f} % of the "
+        f"machine while logging (base64, signing, JSON; elsewhere in production), the claimers' "
+        f"{http['claimers_client_cpu'] / cores * 100:.1f} %"
+    )
+    print(f"added cost of {LOGGERS} jobs logging over HTTP on claims/s: {http['cost'] * 100:.1f} %")
     load_end = os.getloadavg()
     print(f"load average at the end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     print(
@@ -165,6 +224,16 @@ def main() -> int:
                 "machine_busy_quiet": round(split["busy_quiet"], 3),
                 "machine_busy_16_logging": round(split["busy_logging"], 3),
                 "loggers_cpu_share": round(logger_cores / cores, 4),
+                "load_average_http": round(load_http[0], 2),
+                "http_claims_per_s_quiet": round(http["quiet"], 1),
+                "http_claims_per_s_16_logging": round(http["logging"], 1),
+                "http_claims_cost_ratio": round(http["cost"], 4),
+                "http_machine_busy_quiet": round(http["busy_quiet"], 3),
+                "http_machine_busy_16_logging": round(http["busy_logging"], 3),
+                "http_chunk_server_cpu_ms": round(http["chunk_server_ms"], 3),
+                "http_loggers_server_cpu_share": round(http["chunk_server_cpu"] / cores, 4),
+                "http_loggers_client_cpu_share": round(http["loggers_client_cpu"] / cores, 4),
+                "http_chunk_p50_ms": round(http["chunk_p50_ms"], 2),
             }
         )
     )

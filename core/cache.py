@@ -1,11 +1,16 @@
-"""Django's Redis cache backend, with one Redis client object per connection pool.
+"""Django's Redis cache backend, with one connection pool and one Redis client object per server
+and process.
 
 Django's ``RedisCacheClient.get_client`` builds a new ``redis.Redis`` for every cache call, and
 redis-py's constructor registers its ~170 response callbacks each time: about 0.3 ms of CPU per
 call, five or six times on every signed worker request (credential, session owner, nonce, rate
-limit; docs/performance.md). A ``redis.Redis`` over a connection pool is thread-safe and
-redis-py's pool resets itself in a forked child, so one client per pool is kept and reused.
-Behaviour, keys and commands are Django's own.
+limit; docs/performance.md). And Django keeps its cache objects per request context
+(``caches`` is an ``asgiref`` ``Local``): under ASGI every request builds a new cache object,
+whose own pool then opens a new TCP connection to Redis (connect, ``HELLO``, health check) and
+leaves it to the garbage collector. So the pools and their clients are kept per process, keyed
+by server URL and pool options, and every cache object of the process uses them. A
+``redis.Redis`` over a connection pool is thread-safe and redis-py's pool resets itself in a
+forked child. Behaviour, keys and commands are Django's own.
 
 :meth:`RedisCache.add_and_count` is the signed request's one Redis round trip: the replay nonce
 (``SET NX``) and the per-worker rate-limit counter (django-ratelimit's key, ``SET NX`` then
@@ -14,6 +19,7 @@ Behaviour, keys and commands are Django's own.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, cast
 
 from django.core.cache.backends.redis import RedisCache as DjangoRedisCache
@@ -28,30 +34,46 @@ return redis.call('INCR', KEYS[2])
 """
 
 
-class RedisCacheClient(DjangoRedisCacheClient):
-    """``RedisCacheClient`` reusing one ``redis.Redis`` per connection pool."""
+class _Shared:
+    """One server's connection pool, its ``redis.Redis`` and the registered Lua script."""
 
-    def __init__(self, servers: Any, **options: Any) -> None:
-        super().__init__(servers, **options)
-        self._clients: dict[int, Any] = {}
-        self._scripts: dict[int, Any] = {}
+    def __init__(self, pool: Any, client: Any) -> None:
+        self.pool, self.client = pool, client
+        self.script = client.register_script(_ADD_AND_COUNT)
+
+
+#: {(pool class, server URL, pool options): _Shared} of this process.
+_SHARED: dict[tuple[Any, str, str], _Shared] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+class RedisCacheClient(DjangoRedisCacheClient):
+    """``RedisCacheClient`` whose pools and ``redis.Redis`` objects are shared by the process."""
 
     def add_and_count(self, add_key: str, add_ttl: int, count_key: str, count_ttl: int) -> int | None:
         """See :meth:`RedisCache.add_and_count` (keys already made)."""
-        client = self.get_client(write=True)
-        script = self._scripts.get(id(client))
-        if script is None:
-            script = self._scripts[id(client)] = client.register_script(_ADD_AND_COUNT)
+        script = self._shared(write=True).script
         result = int(script(keys=[add_key, count_key], args=[add_ttl, count_ttl]))
         return None if result < 0 else result
 
     def get_client(self, key: Any = None, *, write: bool = False) -> Any:
-        index = self._get_connection_pool_index(write)  # type: ignore[attr-defined]
-        client = self._clients.get(index)
-        if client is None:
-            pool = self._get_connection_pool(write)  # type: ignore[attr-defined]
-            client = self._clients[index] = self._client(connection_pool=pool)  # type: ignore[attr-defined]
-        return client
+        return self._shared(write).client
+
+    def _get_connection_pool(self, write: bool) -> Any:
+        return self._shared(write).pool
+
+    def _shared(self, write: bool) -> _Shared:
+        server = self._servers[self._get_connection_pool_index(write)]  # type: ignore[attr-defined]
+        options = self._pool_options  # type: ignore[attr-defined]
+        key = (self._pool_class, server, repr(sorted(options.items())))  # type: ignore[attr-defined]
+        shared = _SHARED.get(key)
+        if shared is None:
+            with _SHARED_LOCK:
+                shared = _SHARED.get(key)
+                if shared is None:
+                    pool = self._pool_class.from_url(server, **options)  # type: ignore[attr-defined]
+                    shared = _SHARED[key] = _Shared(pool, self._client(connection_pool=pool))  # type: ignore[attr-defined]
+        return shared
 
 
 class RedisCache(DjangoRedisCache):

@@ -7,7 +7,9 @@ import base64
 import binascii
 import re
 
+from django.core.validators import ProhibitNullCharactersValidator
 from rest_framework import serializers
+from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer
 from api.leases.serializers import MAX_COUNTER, LeaseFenceSerializer
@@ -18,14 +20,26 @@ from protocol.wire import ARTIFACT_PART_BYTES, LOG_CHUNK_BYTES, LOG_STREAMS, MAX
 #: Offsets and sizes stay exact in every JSON reader (2^53).
 MAX_OFFSET = 2**53 - 1
 SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
+#: Validators DRF's CharField adds that Base64Field drops (see there).
+TEXT_ONLY_VALIDATORS = (ProhibitNullCharactersValidator, ProhibitSurrogateCharactersValidator)
 
 
 class Base64Field(StrictCharField):
-    """Bytes as standard base64 (padding required), at most ``max_bytes`` once decoded."""
+    """Bytes as standard base64 (padding required), at most ``max_bytes`` once decoded.
+
+    DRF runs a ``CharField``'s validators on the value ``to_internal_value`` returns — here the
+    decoded bytes. Its NUL and surrogate checks format ``str(bytes)`` (the repr of up to 32 KiB,
+    about 40,000 characters, which the surrogate check then walks one character at a time in
+    Python: the largest single cost of parsing a log chunk) and cannot refuse anything here: NUL
+    bytes are content (a job may print them; the repr never holds a raw NUL either), and a lone
+    surrogate is refused by the strict JSON parser before any serializer runs (and is no base64).
+    So they are not run. The length check stays (cheap, and the schema's ``maxLength``).
+    """
 
     def __init__(self, *, max_bytes: int, **kwargs):
         self.max_bytes = max_bytes
         super().__init__(allow_blank=True, max_length=4 * ((max_bytes + 2) // 3), **kwargs)
+        self.validators = [v for v in self.validators if not isinstance(v, TEXT_ONLY_VALIDATORS)]
 
     def run_validation(self, data=serializers.empty):
         # DRF answers a blank string with "" before to_internal_value runs: empty content is b"".
