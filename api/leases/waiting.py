@@ -29,10 +29,12 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass
+from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from actions.leases.claims import OfferRequest, check_offers, lease_claim
@@ -162,7 +164,13 @@ def _round(fence: dict, offers: list[OfferRequest], watch: set[str], *, probe: b
     return _Round(claimed, sorted(requested & watch), view)
 
 
-def _answer(result: _Round, session: SessionView, bound: float, ended: str) -> JsonResponse:
+def _json(data: Any, status: int) -> HttpResponse:
+    """``data`` rendered as every other endpoint renders it (DRF's ``JSONRenderer``: compact,
+    UTF-8), so a refusal met while waiting has the same bytes as one met in the checks."""
+    return HttpResponse(JSONRenderer().render(data), status=status, content_type="application/json")
+
+
+def _answer(result: _Round, session: SessionView, bound: float, ended: str) -> HttpResponse:
     out = {
         "offers": [s.offer_out(offer) for offer in result.offers],
         "cancelRequested": result.cancels,
@@ -171,16 +179,16 @@ def _answer(result: _Round, session: SessionView, bound: float, ended: str) -> J
         "session": session_out(session),
     }
     data = s.ClaimWaitOutSerializer(out).data
-    response = JsonResponse(data)
+    response = _json(data, 200)
     response.data = data  # type: ignore[attr-defined]  # read by the access log's outcome label
     return response
 
 
-def _refusal(exc: DomainError) -> JsonResponse:
+def _refusal(exc: DomainError) -> HttpResponse:
     """A refusal met while waiting, as the API's JSON error (``api.exceptions``)."""
     handled = exception_handler(exc, {})
     assert handled is not None  # every DomainError maps to an answer
-    response = JsonResponse(handled.data, status=handled.status_code)
+    response = _json(handled.data, handled.status_code)
     if "Retry-After" in handled:
         response["Retry-After"] = handled["Retry-After"]
     response.data = handled.data  # type: ignore[attr-defined]  # read by the access log's outcome label

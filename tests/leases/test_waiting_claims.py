@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from django.db import close_old_connections, connection
 from django.test import AsyncRequestFactory
+from rest_framework.renderers import JSONRenderer
 
 from actions.credentials import credential_force_rotation
 from actions.runs import run_cancel
@@ -150,6 +151,12 @@ def test_wake_ups_are_sent_on_commit_for_enqueue_cancel_and_a_drain():
 
 def wait_request(server_url: str, session, *, wait: float, offers: int = 1) -> tuple[int, dict]:
     """One signed waiting claim of ``session`` to ``server_url``: (status, answer)."""
+    status, raw = wait_request_raw(server_url, session, wait=wait, offers=offers)
+    return status, json.loads(raw)
+
+
+def wait_request_raw(server_url: str, session, *, wait: float, offers: int = 1) -> tuple[int, bytes]:
+    """:func:`wait_request`, answering the body's bytes."""
     tickets = [OfferTicket() for _ in range(offers)]
     body = {
         **session.fence(),
@@ -173,9 +180,9 @@ def wait_request(server_url: str, session, *, wait: float, offers: int = 1) -> t
     )
     try:
         with urllib.request.urlopen(request, timeout=wait + 30) as answer:
-            return answer.status, json.loads(answer.read())
+            return answer.status, answer.read()
     except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+        return error.code, error.read()
 
 
 def _fence_by(act: str, session) -> None:
@@ -330,18 +337,22 @@ def test_a_forced_rotation_wakes_a_waiting_claim_and_its_answer_says_so(live_ser
 @pytest.mark.django_db(transaction=True)
 def test_a_drain_ends_a_watch_only_wait_at_once_like_a_wait_with_offers(live_server):
     session = register(enrolled_worker())
-    answers: list[tuple[int, dict]] = []
+    answers: list[tuple[int, bytes]] = []
     waiting = threading.Thread(
-        target=lambda: answers.append(wait_request(live_server.url, session, wait=12, offers=0)), daemon=True
+        target=lambda: answers.append(wait_request_raw(live_server.url, session, wait=12, offers=0)),
+        daemon=True,
     )
     waiting.start()
     wait_for(lambda: HUB.count >= 1, 20, "the waiting claim to wait")
     sent = time.monotonic()
     worker_drain(worker_id=session.worker.worker_id)
     waiting.join(30)
-    status, body = answers[0]
+    status, raw = answers[0]
+    body = json.loads(raw)
     assert (status, body["code"]) == (409, "session_draining"), body
     assert time.monotonic() - sent < 5
+    # The same bytes as the refusal any other endpoint (DRF) renders, not only the same JSON.
+    assert raw == JSONRenderer().render(body)
 
 
 @pytest.mark.django_db(transaction=True)
