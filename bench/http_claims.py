@@ -41,14 +41,15 @@ class HttpFigures:
         return self.loops / self.wall_seconds
 
 
-def _loop(worker: hb.BenchWorker) -> bool:
-    """One claim → starting → running → complete; False when the claim found no work."""
+def start_attempt(worker: hb.BenchWorker) -> dict | None:
+    """Claim one offer over HTTP and send its starting and running ACKs: the lease fence of the
+    running attempt, or None when the claim found no work."""
     token = secrets.token_urlsafe(32)
     offer_id = str(uuid7())
     fence = worker.fence()
     answer = worker.client.post(wire.CLAIM, {**fence, "offers": [{"offerId": offer_id, "leaseToken": token}]})
     if not answer["offers"]:
-        return False
+        return None
     lease = answer["offers"][0]["lease"]
     held = {
         **fence,
@@ -59,7 +60,7 @@ def _loop(worker: hb.BenchWorker) -> bool:
     ack = worker.client.post(
         wire.LEASE_STARTING, {**held, "leaseVersion": lease["leaseVersion"], "offerId": offer_id}
     )
-    ack = worker.client.post(
+    worker.client.post(
         wire.LEASE_RUNNING,
         {
             **held,
@@ -69,6 +70,14 @@ def _loop(worker: hb.BenchWorker) -> bool:
             "executorHandle": "bench",
         },
     )
+    return held
+
+
+def _loop(worker: hb.BenchWorker) -> bool:
+    """One claim → starting → running → complete; False when the claim found no work."""
+    held = start_attempt(worker)
+    if held is None:
+        return False
     worker.client.post(wire.LEASE_COMPLETE, {**held, "sequence": 1, "outcome": "succeeded", "exitCode": 0})
     return True
 

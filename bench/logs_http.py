@@ -48,10 +48,10 @@ import heartbeat_tokens
 import logs_measure  # bench/logs_measure.py: the chunks, the windows, machine_busy
 from django.db import DatabaseError, connection, connections
 from http_claims import _loop as claim_loop  # bench/http_claims.py
+from http_claims import start_attempt as start_running
 
 from agent.client import ApiError, TransportError
 from protocol import wire
-from protocol.ids import uuid7
 
 #: Seconds between the children's start and the first window (connections warm up meanwhile).
 LEAD_SECONDS = 2.0
@@ -134,31 +134,9 @@ def _spent(before: dict[int, float], after: dict[int, float]) -> float:
 
 def start_attempt(worker: hb.BenchWorker) -> dict:
     """Claim one attempt over HTTP and send its starting and running ACKs; the lease fence."""
-    token, offer_id = secrets.token_urlsafe(32), str(uuid7())
-    fence = worker.fence()
-    answer = worker.client.post(wire.CLAIM, {**fence, "offers": [{"offerId": offer_id, "leaseToken": token}]})
-    if not answer["offers"]:
+    held = start_running(worker)
+    if held is None:
         raise SystemExit("a logger found no run to claim")
-    lease = answer["offers"][0]["lease"]
-    held = {
-        **fence,
-        "attemptId": lease["attemptId"],
-        "leaseGeneration": lease["leaseGeneration"],
-        "leaseToken": token,
-    }
-    ack = worker.client.post(
-        wire.LEASE_STARTING, {**held, "leaseVersion": lease["leaseVersion"], "offerId": offer_id}
-    )
-    worker.client.post(
-        wire.LEASE_RUNNING,
-        {
-            **held,
-            "leaseVersion": ack["lease"]["leaseVersion"],
-            "offerId": offer_id,
-            "pid": 4242,
-            "executorHandle": "bench",
-        },
-    )
     return held
 
 
