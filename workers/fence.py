@@ -32,6 +32,7 @@ import enum
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NoReturn
 
 from audit.liveness import lapse_excused
 from core.db import db_now
@@ -95,6 +96,31 @@ def check_session(
             "session_draining", "the session is draining and takes no new runs", field="sessionId"
         )
     return session
+
+
+def refence_after_miss(
+    worker: Worker,
+    session: WorkerSession,
+    *,
+    generation: int,
+    expected_version: int,
+    now: datetime,
+    purpose: Purpose,
+    what: str,
+) -> NoReturn:
+    """A compare-and-swap on a session row that the fence had passed changed no row: re-fence on
+    the row as it is now and raise. On PostgreSQL a heartbeat is one statement that takes no
+    worker lock, so it can move the version between a locked fence's read and its write; the
+    re-fence then raises ``session_version_conflict`` with ``details.currentVersion`` (or the code
+    of whatever else changed), which the worker adopts for its one retry. Raises
+    ``session_version_conflict`` naming ``what`` if the row passes the fence again."""
+    session.refresh_from_db()
+    check_session(
+        worker, session, generation=generation, expected_version=expected_version, now=now, purpose=purpose
+    )
+    raise DomainError(
+        "session_version_conflict", f"the session changed under the {what}", field="expectedVersion"
+    )
 
 
 def fence_session(

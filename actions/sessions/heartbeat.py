@@ -15,7 +15,7 @@ from audit.liveness import expiry_cutoff
 from core.db import db_now, write_path
 from core.errors import DomainError
 from leases.selectors import cancel_requested_attempt_ids
-from workers.fence import Purpose, check_session, lock_and_fence
+from workers.fence import Purpose, check_session, lock_and_fence, refence_after_miss
 from workers.models import LIVE_SESSION_STATES, SessionState, Worker, WorkerSession
 from workers.sessions import (
     SessionView,
@@ -164,20 +164,14 @@ def _heartbeat_write(
             lease_expires_at__gt=expiry_cutoff(now) if session.lease_expires_at <= now else now,
         ).update(**updates)
         if changed != 1:
-            # Another heartbeat of this session (PostgreSQL: one statement, no worker lock) moved
-            # the row after the fence read it: re-fence on the row as it is now, so a version
-            # conflict carries ``details.currentVersion`` for the worker to adopt.
-            session.refresh_from_db()
-            check_session(
+            refence_after_miss(
                 fenced.worker,
                 session,
                 generation=generation,
                 expected_version=expected_version,
                 now=now,
                 purpose=Purpose.HEARTBEAT,
-            )
-            raise DomainError(
-                "session_version_conflict", "the session changed under the heartbeat", field="expectedVersion"
+                what="heartbeat",
             )
         session.refresh_from_db()
     return SessionView(session=session, server_time=now)

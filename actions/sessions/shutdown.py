@@ -15,7 +15,7 @@ from core.db import db_now, write_path
 from core.errors import DomainError
 from leases.selectors import active_lease_count
 from leases.settlement import settle_session_leases
-from workers.fence import Purpose, check_session, lock_and_fence
+from workers.fence import Purpose, lock_and_fence, refence_after_miss
 from workers.locks import lock_worker
 from workers.models import LIVE_SESSION_STATES, SessionState, Worker, WorkerSession
 from workers.sessions import (
@@ -54,20 +54,14 @@ def session_drain(
         pk=session.pk, version=expected_version, state=SessionState.ONLINE
     ).update(state=SessionState.DRAINING, drained_by="worker", available_slots=0, version=F("version") + 1)
     if changed != 1:
-        # On PostgreSQL a heartbeat is one statement that takes no worker lock: one that changed
-        # the slots moved the version after the fence read it. Re-fence on the row as it is now,
-        # so the answer carries ``details.currentVersion`` for the worker to adopt and retry.
-        session.refresh_from_db()
-        check_session(
+        refence_after_miss(
             worker,
             session,
             generation=generation,
             expected_version=expected_version,
             now=now,
             purpose=Purpose.DRAIN,
-        )
-        raise DomainError(
-            "session_version_conflict", "the session changed under the drain", field="expectedVersion"
+            what="drain",
         )
     session.refresh_from_db()
     record(
