@@ -73,7 +73,7 @@ def fence_lease(
 ) -> LeaseFence:
     """Lock worker then run, and pass the session fence and the lease's identity fence.
 
-    ``lock_worker=False`` (live log chunks and artifact parts, docs/logs.md) reads the worker
+    ``lock_worker=False`` (live log chunks, docs/logs.md; artifact parts lock it) reads the worker
     row instead of locking it (``workers.fence.read_and_fence``): the run row lock, taken by
     every lease settlement too, and the lease state read under it decide.
 
