@@ -11,6 +11,7 @@ import statistics
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection, connections
 
@@ -128,6 +129,31 @@ def queue_plan() -> tuple[str, float, int]:
 # --- the measurement -----------------------------------------------------------------------------
 
 
+def claim_once(claimer: Claimer) -> tuple[Any, str] | None:
+    """One ``lease_claim`` of one offer for ``claimer``: (the lease, its token), or None if empty."""
+    token = secrets.token_urlsafe(32)
+    offers = lease_claim(
+        worker_id=claimer.worker_id,
+        session_id=claimer.session_id,
+        generation=claimer.generation,
+        offers=[OfferRequest(uuid7(), token)],
+    )
+    return (offers[0].lease, token) if offers else None
+
+
+def release(claimer: Claimer, lease: Any, token: str) -> None:
+    """``lease_release`` of a lease :func:`claim_once` took (back to the queue)."""
+    lease_release(
+        worker_id=claimer.worker_id,
+        session_id=claimer.session_id,
+        generation=claimer.generation,
+        attempt_id=lease.attempt_id,
+        lease_generation=lease.lease_generation,
+        lease_token=token,
+        lease_version=lease.version,
+    )
+
+
 def _claimer(claimer: Claimer, barrier, seconds: float, results) -> None:
     latencies: list[float] = []
     empty = 0
@@ -135,28 +161,13 @@ def _claimer(claimer: Claimer, barrier, seconds: float, results) -> None:
         barrier.wait()
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
-            token = secrets.token_urlsafe(32)
             started = time.perf_counter()
-            offers = lease_claim(
-                worker_id=claimer.worker_id,
-                session_id=claimer.session_id,
-                generation=claimer.generation,
-                offers=[OfferRequest(uuid7(), token)],
-            )
+            claimed = claim_once(claimer)
             latencies.append(time.perf_counter() - started)
-            if not offers:
+            if claimed is None:
                 empty += 1
                 continue
-            lease = offers[0].lease
-            lease_release(
-                worker_id=claimer.worker_id,
-                session_id=claimer.session_id,
-                generation=claimer.generation,
-                attempt_id=lease.attempt_id,
-                lease_generation=lease.lease_generation,
-                lease_token=token,
-                lease_version=lease.version,
-            )
+            release(claimer, *claimed)
         results.put((latencies, empty, None))
     except Exception as exc:  # report, do not hang the parent
         results.put(([], 0, f"{type(exc).__name__}: {exc}"))

@@ -9,6 +9,7 @@ import secrets
 import time
 from collections.abc import Callable
 
+import claim_measure  # bench/claim_measure.py
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -200,33 +201,16 @@ def window_on(index: int) -> bool:
 def stamping_claimer(claimer, barrier, seconds: float, results) -> None:
     """Claim -> release loops (bench/claim.py's) for ``seconds`` after the barrier; report the
     time of each claim that got an attempt (``perf_counter``, relative to the barrier)."""
-    from actions.leases.renewal import lease_release  # noqa: PLC0415 - the claim loop's only user
-
     stamps: list[float] = []
     try:
         barrier.wait()
         started = time.perf_counter()
         while (now := time.perf_counter()) < started + seconds:
-            token = secrets.token_urlsafe(32)
-            offers = lease_claim(
-                worker_id=claimer.worker_id,
-                session_id=claimer.session_id,
-                generation=claimer.generation,
-                offers=[OfferRequest(uuid7(), token)],
-            )
-            if not offers:
+            claimed = claim_measure.claim_once(claimer)
+            if claimed is None:
                 continue
             stamps.append(now - started)
-            lease = offers[0].lease
-            lease_release(
-                worker_id=claimer.worker_id,
-                session_id=claimer.session_id,
-                generation=claimer.generation,
-                attempt_id=lease.attempt_id,
-                lease_generation=lease.lease_generation,
-                lease_token=token,
-                lease_version=lease.version,
-            )
+            claim_measure.release(claimer, *claimed)
         results.put(("claimer", stamps, None))
     except Exception as exc:  # report, do not hang the parent
         results.put(("claimer", [], f"{type(exc).__name__}: {exc}"))
