@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import psycopg
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connection, connections
+from django.db import DatabaseError, close_old_connections, connection, connections
 
 from actions.sessions.heartbeat import sessions_keep_alive
 from core import wakeups
@@ -387,6 +387,9 @@ class WakeHub:
                 continue
             try:
                 classes = await run_sync(lambda: claimable_placement_classes(now=db_now()))
+            except DatabaseError as exc:  # an outage: the next interval tries again
+                log.warning("waiting claims: the queue probe failed: %s", exc)
+                continue
             except Exception:
                 log.exception("waiting claims: the queue probe failed")
                 continue

@@ -2,8 +2,10 @@
 
 Starts its own PostgreSQL cluster and Redis server on ports 17200-17299 (``--first-port``), two
 ``manage.py serve`` replicas (cluster profile, both sweeping), real agents with their real job
-guards (one of them behind a TCP proxy that can drop its traffic) and simulated workers speaking
-the signed protocol (``tests.agent.fleet``), then injects, one after the other:
+guards and simulated workers speaking the signed protocol (``tests.agent.fleet``). They reach the
+replicas through a load balancer (``TcpProxy`` over both ports: each connection goes to the next
+replica that accepts it), as a deployment has them, except one agent, which talks to replica A
+through a TCP proxy that can drop its traffic. Then it injects, one after the other:
 
 1. SIGKILL of replica A (restarted after 5 s);
 2. Redis stopped for twice the heartbeat interval;
@@ -32,6 +34,7 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -113,12 +116,14 @@ def main() -> int:
     args = parser.parse_args()
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="qinglong-chaos-"))
-    pg_port, redis_port, port_a, port_b, proxy_port = free_ports(args.first_port, args.last_port, 5)
+    pg_port, redis_port, port_a, port_b, proxy_port, balancer_port = free_ports(
+        args.first_port, args.last_port, 6
+    )
     pg = PrivatePostgres(root, pg_port)
     redis = PrivateRedis(root, redis_port)
     replicas: list[Replica] = []
     agents: list[Agent] = []
-    proxy = None
+    proxy = balancer = None
     fleet = None
     seen: list[tuple[str, int, str, str, str]] = []
     try:
@@ -132,11 +137,12 @@ def main() -> int:
         for replica in replicas:
             replica.start()
         proxy = TcpProxy(proxy_port, port_a)
-        servers = [replica_a.url, replica_b.url]
+        balancer = TcpProxy(balancer_port, port_a, port_b)  # the replicas' load balancer
+        behind_balancer = f"http://127.0.0.1:{balancer_port}"
         agents = [Agent(root, f"chaos-{n}") for n in range(args.agents)]
         partitioned = Agent(root, "chaos-partitioned")
-        for n, agent in enumerate(agents):
-            agent.enroll(env, servers[n % 2])
+        for agent in agents:
+            agent.enroll(env, behind_balancer)
         partitioned.enroll(env, f"http://127.0.0.1:{proxy_port}")
         ticks = [root / f"ticks-{n}" for n in range(args.agents + 1)]
         # The partitioned agent starts first and alone, so that it holds the first run.
@@ -159,7 +165,7 @@ def main() -> int:
             60,
             "every agent's job running",
         )
-        fleet = simulated_fleet(env, replica_a.url, args.simulated)
+        fleet = simulated_fleet(env, behind_balancer, args.simulated)
         fleet.start()
         time.sleep(LEASE / 2)
         print(
@@ -185,10 +191,14 @@ def main() -> int:
 
         print("[chaos] fault 3: PostgreSQL restarted", flush=True)
         pg.stop("fast")
-        for _ in range(3):
-            probe_all(replicas, seen)
-            time.sleep(1)
+        down_at = time.monotonic()
+        # Probed meanwhile, but the database comes back after 3 s whatever the probes wait for
+        # (a 503 there takes the server's pool wait, 2 s): the outage stays shorter than a lease.
+        probing = threading.Thread(target=probe_all, args=(replicas, seen), daemon=True)
+        probing.start()
+        time.sleep(max(0.0, 3 - (time.monotonic() - down_at)))
         pg.start()
+        probing.join(60)
         probe_all(replicas, seen)
         time.sleep(HEARTBEAT)
 
@@ -215,8 +225,9 @@ def main() -> int:
             agent.process is not None and agent.process.kill()
         for replica in replicas:
             replica.stop()
-        if proxy is not None:
-            proxy.close()
+        for each in (proxy, balancer):
+            if each is not None:
+                each.close()
         redis.stop()
         pg.close()
     probes_5xx = [

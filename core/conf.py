@@ -16,6 +16,9 @@ SERVE_STOP_FILE_VARIABLE = "QINGLONG_SERVE_STOP_FILE"
 #: arrived (set by ``qinglong.serving.RequestGuard``). A wait's bound runs from there, not from
 #: when its view got to it (``api.leases.waiting``): queueing for the checks counts against it.
 RECEIVED_AT_SCOPE_KEY = "qinglong.received_at"
+#: The environment variable that gives ``manage.py serve``'s server processes a PostgreSQL
+#: connection pool (read by ``qinglong.settings``; serve sets it unless it is already set).
+SERVE_DB_POOL_VARIABLE = "QINGLONG_SERVE_DB_POOL"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ middleware chain has synchronous members (whitenoise, the session and message mi
 one synchronous member makes Django run the whole request, wait included, in a thread. The
 waiting view runs its synchronous services in the bounded pool of ``api.waiting``.
 
+A server process spawned by ``manage.py serve`` dies with it (``exit_with_parent``): a serve
+killed with SIGKILL would otherwise leave it serving on the shared port, holding its database
+connections, with nobody to stop it.
+
 Once the application is built, every module a request needs is imported (the URLconf and its
 views) and what exists then is moved out of the garbage collector's sight (``gc.freeze()``):
 otherwise every full collection walks those ~130,000 long-lived objects again, which adds to
@@ -27,9 +31,10 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.urls import get_resolver
 
 from protocol import wire
-from qinglong.serving import RequestGuard
+from qinglong.serving import RequestGuard, exit_with_parent
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qinglong.settings")
+exit_with_parent()  # a server process of `manage.py serve` never outlives it
 django_application = get_asgi_application()  # sets Django up: the app modules import after it
 
 from api.observability import ObservabilityMiddleware  # noqa: E402 - needs the app registry

@@ -24,11 +24,16 @@ client holds a coroutine and a socket, never a thread or a database connection.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
+import multiprocessing
+import os
+import signal
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from core.conf import RECEIVED_AT_SCOPE_KEY
+from core.conf import RECEIVED_AT_SCOPE_KEY, SERVE_STOP_FILE_VARIABLE
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -39,6 +44,30 @@ ASGIApp = Callable[..., Awaitable[None]]
 
 #: Paths that never wait for a slot: liveness must answer while every slot is busy.
 UNQUEUED_PATHS = frozenset({"/healthz"})
+
+
+#: prctl(2) option: the signal this process gets when the thread that created it ends.
+PR_SET_PDEATHSIG = 1
+
+
+def exit_with_parent() -> None:
+    """In a server process spawned by ``manage.py serve`` (Linux): ask the kernel to SIGKILL this
+    process when serve ends, and exit at once if serve is already gone.
+
+    Serve stops its server processes itself on SIGTERM/SIGINT; this covers a serve that is
+    killed (SIGKILL, the OOM killer), whose server processes would otherwise keep serving the
+    port (``SO_REUSEPORT``) and holding database connections, orphaned. Anywhere else (tests,
+    other servers, other systems) it does nothing. Raises OSError if prctl refuses.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None or SERVE_STOP_FILE_VARIABLE not in os.environ or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    if os.getppid() != parent.pid:  # serve died before the request above took effect
+        os._exit(1)
 
 
 class _Refused(Exception):

@@ -137,6 +137,23 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
     _db["OPTIONS"]["options"] = f"-c lock_timeout={env.int('QINGLONG_PG_LOCK_TIMEOUT_MS', default=5000)}"
     _db["CONN_MAX_AGE"] = env.int("QINGLONG_DB_CONN_MAX_AGE", default=60)
     _db["CONN_HEALTH_CHECKS"] = True
+    if env.bool("QINGLONG_SERVE_DB_POOL", default=False):  # core.conf.SERVE_DB_POOL_VARIABLE
+        # Set by `manage.py serve` for its server processes only (spawned, never forked: a pool
+        # does not survive a fork). Under ASGI every request runs in a thread of its own, so
+        # without a pool each request would open a PostgreSQL connection (docs/deploy.md,
+        # "Database connections under ASGI"). The pool checks a connection before handing it
+        # out (CONN_HEALTH_CHECKS) and gives up a reconnection after `reconnect_timeout`
+        # seconds, so after an outage a connection is tried again at most that long after the
+        # database is back — well within a session lease — instead of after psycopg_pool's
+        # doubling backoff of up to five minutes.
+        _db["CONN_MAX_AGE"] = 0  # the pool keeps the connections; Django must not
+        _db["OPTIONS"]["pool"] = {
+            "name": "qinglong",
+            "min_size": env.int("QINGLONG_DB_POOL_MIN_SIZE", default=2),
+            "max_size": env.int("QINGLONG_DB_POOL_MAX_SIZE", default=20),
+            "timeout": env.float("QINGLONG_DB_POOL_TIMEOUT_SECONDS", default=2.0),
+            "reconnect_timeout": env.float("QINGLONG_DB_POOL_RECONNECT_SECONDS", default=3.0),
+        }
 else:
     raise ImproperlyConfigured(
         f"DATABASE_URL selects {_db['ENGINE']}; only SQLite and PostgreSQL are supported"

@@ -334,10 +334,15 @@ def invariants(pg: PrivatePostgres) -> dict[str, int]:
 class TcpProxy:
     """A TCP proxy on ``port`` to ``target_port`` whose traffic can be dropped: while
     :attr:`partitioned` is set, bytes in both directions are swallowed (connections stay open, no
-    answer comes back — a network partition, not a refused connection)."""
+    answer comes back — a network partition, not a refused connection).
 
-    def __init__(self, port: int, target_port: int) -> None:
+    Given more ``target_ports``, it is a small load balancer, as replicas are deployed behind one:
+    each new connection goes to the next port in turn, or to the one after it when that refuses."""
+
+    def __init__(self, port: int, target_port: int, *target_ports: int) -> None:
         self.port, self.target_port = port, target_port
+        self.targets = [target_port, *target_ports]
+        self._turn = 0
         self.partitioned = threading.Event()
         self._stop = threading.Event()
         self._server = socket.create_server(("127.0.0.1", port), reuse_port=False)
@@ -353,13 +358,22 @@ class TcpProxy:
                 continue
             except OSError:
                 return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
-            except OSError:
+            upstream = self._connect()
+            if upstream is None:
                 client.close()
                 continue
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _connect(self) -> socket.socket | None:
+        self._turn += 1
+        for n in range(len(self.targets)):
+            target = self.targets[(self._turn + n) % len(self.targets)]
+            try:
+                return socket.create_connection(("127.0.0.1", target), timeout=5)
+            except OSError:
+                continue
+        return None
 
     def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         source.settimeout(0.5)

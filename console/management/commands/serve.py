@@ -32,7 +32,7 @@ from granian.server import MPServer
 
 from actions.liveness import beat_loop
 from actions.sweeps import loop
-from core.conf import SERVE_STOP_FILE_VARIABLE, is_cluster, protocol
+from core.conf import SERVE_DB_POOL_VARIABLE, SERVE_STOP_FILE_VARIABLE, is_cluster, protocol
 
 log = logging.getLogger("qinglong.serve")
 
@@ -136,6 +136,10 @@ class Command(BaseCommand):
         )
         stop_file.unlink(missing_ok=True)
         os.environ[SERVE_STOP_FILE_VARIABLE] = str(stop_file)
+        # Read by qinglong.settings in the server processes: each keeps a pool of PostgreSQL
+        # connections instead of opening one per request (docs/deploy.md). This process keeps
+        # Django's plain connections (its sweep and liveness threads hold theirs).
+        os.environ.setdefault(SERVE_DB_POOL_VARIABLE, "1")
         server = _Server(
             "qinglong.asgi:application",
             address=options["host"],
