@@ -286,16 +286,19 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- protocol timings and limits (core.conf reads these; units in the names) ----------------
+# A session lease is six heartbeat intervals: it is extended only past half its life (docs/
+# sessions.md), so a heartbeat that is missed or late still finds the lease live, and three of
+# four on-time heartbeats write nothing. A run's loss is noticed by its run lease, not by this.
 _profile_defaults = {
     "standalone": {
-        "session_ttl": 30,
+        "session_ttl": 60,
         "heartbeat": 10,
         "run_lease_ttl": 30,
         "dispatch_timeout": 30,
         "lost_after": 120,
     },
     "cluster-control": {
-        "session_ttl": 45,
+        "session_ttl": 90,
         "heartbeat": 15,
         "run_lease_ttl": 60,
         "dispatch_timeout": 60,

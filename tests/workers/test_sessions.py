@@ -10,6 +10,7 @@ import pytest
 from actions.sessions.heartbeat import session_heartbeat
 from actions.sessions.shutdown import session_drain, session_offline
 from audit.models import Event
+from core.conf import protocol
 from core.errors import DomainError
 from protocol.ids import uuid7
 from tests.helpers import enrolled_worker, register, snapshot
@@ -140,9 +141,8 @@ def test_unchanged_heartbeat_writes_nothing_until_half_the_lease_is_used():
     )
     assert rows() == before
     stored = WorkerSession.objects.get(pk=session.session_id)
-    WorkerSession.objects.filter(pk=stored.pk).update(
-        lease_expires_at=stored.lease_expires_at - timedelta(seconds=20)
-    )
+    used = timedelta(seconds=protocol().session_lease_seconds / 2 + 5)  # past half the lease
+    WorkerSession.objects.filter(pk=stored.pk).update(lease_expires_at=stored.lease_expires_at - used)
     session_heartbeat(
         worker_id=worker.worker_id,
         session_id=session.session_id,
@@ -151,7 +151,7 @@ def test_unchanged_heartbeat_writes_nothing_until_half_the_lease_is_used():
         available_slots=2,
     )
     extended = WorkerSession.objects.get(pk=stored.pk)
-    assert extended.lease_expires_at > stored.lease_expires_at - timedelta(seconds=20)
+    assert extended.lease_expires_at > stored.lease_expires_at - used
     assert extended.version == 0  # a lease extension is not a state change
 
 

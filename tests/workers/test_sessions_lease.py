@@ -303,11 +303,11 @@ def test_heartbeat_answers_cancellations_and_rotation_requests():
     [
         (
             "standalone",
-            {"SESSION_LEASE_SECONDS": 30, "HEARTBEAT_INTERVAL_SECONDS": 10, "HEARTBEAT_JITTER_RATIO": 0.1},
+            {"SESSION_LEASE_SECONDS": 60, "HEARTBEAT_INTERVAL_SECONDS": 10, "HEARTBEAT_JITTER_RATIO": 0.1},
         ),
         (
             "cluster-control",
-            {"SESSION_LEASE_SECONDS": 45, "HEARTBEAT_INTERVAL_SECONDS": 15, "HEARTBEAT_JITTER_RATIO": 0.1},
+            {"SESSION_LEASE_SECONDS": 90, "HEARTBEAT_INTERVAL_SECONDS": 15, "HEARTBEAT_JITTER_RATIO": 0.1},
         ),
     ],
 )
@@ -330,8 +330,8 @@ def test_each_profile_sets_its_session_timings_and_the_environment_overrides_the
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )
     assert json.loads(shown.stdout) == expected
-    env["QINGLONG_SESSION_LEASE_SECONDS"] = "90"
+    env["QINGLONG_SESSION_LEASE_SECONDS"] = "120"
     shown = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )
-    assert json.loads(shown.stdout)["SESSION_LEASE_SECONDS"] == 90
+    assert json.loads(shown.stdout)["SESSION_LEASE_SECONDS"] == 120
