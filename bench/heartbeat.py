@@ -8,9 +8,10 @@ Usage::
 
 What it does, against the PostgreSQL database it is given (it migrates it; use one of your own):
 
-1. starts a real control plane, ``manage.py serve`` (Granian, 8 request slots, no sweep loop), on a free
-   port between 8300 and 8399, with the chosen profile's timings (cluster-control: Redis at
-   ``REDIS_URL`` for nonces and rate limits) and the worker rate limit lifted;
+1. starts a real control plane, ``manage.py serve`` (Granian, ``SERVER_PROCESSES`` server
+   processes of 8 request slots, no sweep loop), on a free port between 8300 and 8399, with the
+   chosen profile's timings (cluster-control: Redis at ``REDIS_URL`` for nonces and rate limits)
+   and the worker rate limit lifted;
 2. enrolls ``--clients`` workers over HTTP and registers a session for each, signing every
    request exactly as the agent does (``agent.client``);
 3. **throughput**: the clients send ``--heartbeats`` unchanged heartbeats between them, as fast
@@ -117,8 +118,14 @@ def configure_django(env: dict[str, str]) -> None:
     call_command("migrate", verbosity=0)
 
 
+#: Server processes, as deployed (``QINGLONG_SERVER_PROCESSES`` in deploy/qinglong.env.example: one
+#: per core of the 2-core reference machine); the environment variable overrides it.
+SERVER_PROCESSES = int(os.environ.get("QINGLONG_SERVER_PROCESSES", "2"))
+
+
 def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
-    """``manage.py serve`` in the background; its output goes to ``$QINGLONG_VAR_DIR/serve.log``."""
+    """``manage.py serve`` in the background (``SERVER_PROCESSES`` server processes, 8 request slots
+    each, no sweep loop); its output goes to ``$QINGLONG_VAR_DIR/serve.log``."""
     log_path = Path(env["QINGLONG_VAR_DIR"]) / "serve.log"
     with log_path.open("wb") as log_file:
         server = subprocess.Popen(
@@ -132,6 +139,8 @@ def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
                 str(port),
                 "--threads",
                 "8",
+                "--workers",
+                str(SERVER_PROCESSES),
                 "--no-sweep",
             ],
             cwd=ROOT,
