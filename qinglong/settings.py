@@ -286,19 +286,21 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- protocol timings and limits (core.conf reads these; units in the names) ----------------
-# A session lease is six heartbeat intervals: it is extended only past half its life (docs/
-# sessions.md), so a heartbeat that is missed or late still finds the lease live, and three of
-# four on-time heartbeats write nothing. A run's loss is noticed by its run lease, not by this.
+# A session lease is about seven heartbeat intervals (70 s at 10 s, 100 s at 15 s): it is extended
+# only past half its life (docs/sessions.md), so even with the ±10 % jitter the third heartbeat
+# after an extension finds more than half left and the fourth extends — three of four unchanged
+# heartbeats write nothing — and a heartbeat that is missed still finds the lease live. A run's
+# loss is noticed by its run lease, not by this.
 _profile_defaults = {
     "standalone": {
-        "session_ttl": 60,
+        "session_ttl": 70,
         "heartbeat": 10,
         "run_lease_ttl": 30,
         "dispatch_timeout": 30,
         "lost_after": 120,
     },
     "cluster-control": {
-        "session_ttl": 90,
+        "session_ttl": 100,
         "heartbeat": 15,
         "run_lease_ttl": 60,
         "dispatch_timeout": 60,

@@ -303,11 +303,11 @@ def test_heartbeat_answers_cancellations_and_rotation_requests():
     [
         (
             "standalone",
-            {"SESSION_LEASE_SECONDS": 60, "HEARTBEAT_INTERVAL_SECONDS": 10, "HEARTBEAT_JITTER_RATIO": 0.1},
+            {"SESSION_LEASE_SECONDS": 70, "HEARTBEAT_INTERVAL_SECONDS": 10, "HEARTBEAT_JITTER_RATIO": 0.1},
         ),
         (
             "cluster-control",
-            {"SESSION_LEASE_SECONDS": 90, "HEARTBEAT_INTERVAL_SECONDS": 15, "HEARTBEAT_JITTER_RATIO": 0.1},
+            {"SESSION_LEASE_SECONDS": 100, "HEARTBEAT_INTERVAL_SECONDS": 15, "HEARTBEAT_JITTER_RATIO": 0.1},
         ),
     ],
 )
