@@ -1,7 +1,7 @@
 """The worker loop's lease calls on PostgreSQL, one at a time: statements, wall, Python CPU and
 backend CPU per call of the starting ACK, the running ACK and the completion.
 
-    .venv/bin/python bench/acks.py --pg-url postgres://postgres@127.0.0.1:5432/qinglong_acks_bench
+    .venv/bin/python bench/acks.py --pg-url postgres://postgres@127.0.0.1:5432/qinglong_acks_bench [--orm]
 
 One worker (one process, one connection) runs ``--loops`` (200) loops of claim → starting →
 running → complete (succeeded, a one-line stdout tail) at the write-path boundary (each call one
@@ -37,6 +37,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432/qinglong_acks_bench")
     parser.add_argument("--loops", type=int, default=200)
+    parser.add_argument(
+        "--orm",
+        action="store_true",
+        help="switch the ACK and completion functions off: the ORM paths, for a before/after in one minute",
+    )
     args = parser.parse_args()
     if not args.pg_url.startswith(("postgres://", "postgresql://")):
         raise SystemExit("the ACK benchmark runs on PostgreSQL only")
@@ -53,6 +58,12 @@ def main() -> int:
     from actions.leases.claims import OfferRequest, lease_claim  # noqa: PLC0415
     from actions.leases.completion import Completion, lease_complete  # noqa: PLC0415
     from protocol.ids import uuid7  # noqa: PLC0415
+
+    if args.orm:  # the write paths then answer every call from their Python (ORM) path
+        from actions.leases import activation, completion  # noqa: PLC0415
+
+        activation._ack_in_database = lambda *_: None  # type: ignore[assignment]
+        completion._complete_in_database = lambda *_: None  # type: ignore[assignment]
 
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)")
@@ -119,7 +130,8 @@ def main() -> int:
             ended_backend = backend()
             if started_backend is not None and ended_backend is not None:
                 server[name] += ended_backend - started_backend
-    print(f"{measured} loops; per call: statements, wall ms, Python CPU ms, backend CPU ms")
+    path = "ORM paths" if args.orm else "database functions"
+    print(f"{measured} loops ({path}); per call: statements, wall ms, Python CPU ms, backend CPU ms")
     for name in CALLS:
         print(
             f"  {name:9} {len(statements[name]):3}  {wall[name] / measured * 1000:7.2f}"
