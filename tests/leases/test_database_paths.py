@@ -13,7 +13,7 @@ retry wait is drawn from a pinned ``random.uniform`` so that both paths draw the
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -24,7 +24,6 @@ from actions.leases import activation, completion
 from actions.runs import run_cancel
 from audit.models import Event
 from core import wakeups
-from core.db import db_now
 from core.errors import DomainError
 from leases.models import RunDispatchLease
 from runs.models import Run, RunAttempt
@@ -360,16 +359,3 @@ def test_the_functions_send_the_wake_ups_the_orm_path_sends(orm_only):
         assert heard["functions"] == heard["orm"] == [[], [], [worker]]
     finally:
         listener.close()
-
-
-def test_the_database_clock_is_read_after_the_locks(protocol_settings):
-    """The starting ACK's new expiry is DB now (after the worker lock) + the run lease."""
-    protocol_settings(RUN_LEASE_SECONDS=120)
-    session = register(enrolled_worker())
-    enqueue(make_revision())
-    held = claim_one(session)
-    before = db_now()
-    result = starting(held)
-    lease = held.lease()
-    assert lease.expires_at - lease.starting_at == timedelta(seconds=120)
-    assert lease.starting_at >= before and result.lease.expires_at == lease.expires_at
