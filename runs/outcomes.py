@@ -28,6 +28,7 @@ Backoff: ``min(retry_backoff_max_seconds, retry_backoff_seconds · 2^(n−1))`` 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -44,12 +45,50 @@ def retry_delay_seconds(revision: TaskRevision, attempt_number: int) -> float:
     return random.uniform(ceiling / 2, ceiling)
 
 
-def _may_retry(revision: TaskRevision, attempt: RunAttempt, outcome: str) -> bool:
-    if attempt.number >= revision.max_attempts:
+def _may_retry(revision: TaskRevision, number: int, outcome: str) -> bool:
+    if number >= revision.max_attempts:
         return False
     if outcome == AttemptState.LOST:
         return revision.lost_retry != LostRetry.NEVER
     return outcome in revision.retry_on
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """Where a run goes when its attempt ends with a reported (not ``lost``) outcome: ``state``
+    and, for a terminal state, its ``error_class``; ``retry_wait`` has none (a retry is due after
+    :func:`retry_delay_seconds`)."""
+
+    state: str
+    error_class: str = ""
+
+
+def run_end(
+    revision: TaskRevision, number: int, outcome: str, *, cancel_requested: bool, reason: str = ""
+) -> RunEnd:
+    """The run's next state when attempt ``number`` of ``revision`` ends with ``outcome`` (succeeded,
+    failed, timed_out or cancelled) and the run has (``cancel_requested``) or has not a
+    cancellation request; ``reason`` the attempt's outcome reason (``executor_start_failed``).
+    A pure rule: :func:`conclude_attempt` applies it, and the completion's PostgreSQL path computes
+    it before its one round trip (docs/leases.md, Lost and retry; Cancellation)."""
+    if cancel_requested:
+        return RunEnd(RunState.CANCELLED, "cancelled_by_user")
+    if outcome != AttemptState.SUCCEEDED and _may_retry(revision, number, outcome):
+        return RunEnd(RunState.RETRY_WAIT)
+    error_classes: dict[str, str] = {
+        AttemptState.FAILED: "exit_code",
+        AttemptState.TIMED_OUT: "timeout",
+        AttemptState.CANCELLED: "cancelled",
+    }
+    error_class = error_classes.get(outcome, "")
+    if reason == "executor_start_failed":
+        error_class = "executor_start_error"
+    return RunEnd(RUN_STATE_FOR_OUTCOME[outcome], error_class)
+
+
+def retry_facts(number: int, wait: timedelta) -> dict[str, Any]:
+    """The data of a ``run.retry_wait`` event: the attempt that ended and the wait (seconds, 3 places)."""
+    return {"attempt": number, "delay_s": round(wait.total_seconds(), 3)}
 
 
 #: How long after a lost lease's expiry its retry may start at the earliest.
@@ -112,7 +151,7 @@ def conclude_attempt(
     exit_code = attempt_fields.get("exit_code")
     if outcome == AttemptState.LOST:
         move_run(run, RunState.LOST, actor_type=actor_type, actor=actor, data={"attempt": attempt.number})
-        if _may_retry(revision, attempt, outcome):
+        if _may_retry(revision, attempt.number, outcome):
             not_before = (
                 lease_expires_at
                 + timedelta(seconds=revision.effective_lost_after_seconds)
@@ -132,34 +171,19 @@ def conclude_attempt(
             error_class="worker_lost",
             data={"reason": "worker_lost"},
         )
-    if run.cancel_requested_at is not None:
-        return move_run(
-            run,
-            RunState.CANCELLED,
-            actor_type=actor_type,
-            actor=actor,
-            finished_at=now,
-            exit_code=exit_code,
-            error_class="cancelled_by_user",
-        )
-    if outcome != AttemptState.SUCCEEDED and _may_retry(revision, attempt, outcome):
+    end = run_end(
+        revision, attempt.number, outcome, cancel_requested=run.cancel_requested_at is not None, reason=reason
+    )
+    if end.state == RunState.RETRY_WAIT:
         return _retry_wait(run, attempt, now=now, actor_type=actor_type, actor=actor)
-    error_classes: dict[str, str] = {
-        AttemptState.FAILED: "exit_code",
-        AttemptState.TIMED_OUT: "timeout",
-        AttemptState.CANCELLED: "cancelled",
-    }
-    error_class = error_classes.get(outcome, "")
-    if reason == "executor_start_failed":
-        error_class = "executor_start_error"
     return move_run(
         run,
-        RUN_STATE_FOR_OUTCOME[outcome],
+        end.state,
         actor_type=actor_type,
         actor=actor,
         finished_at=now,
         exit_code=exit_code,
-        error_class=error_class,
+        error_class=end.error_class,
     )
 
 
@@ -182,5 +206,5 @@ def _retry_wait(
         actor_type=actor_type,
         actor=actor,
         next_attempt_at=due,
-        data={"attempt": attempt.number, "delay_s": round((due - now).total_seconds(), 3)},
+        data=retry_facts(attempt.number, due - now),
     )

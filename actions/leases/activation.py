@@ -6,8 +6,12 @@ version the worker holds, and moves the attempt one step in one transaction.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
+from typing import Any
+
+from django.db import connection
 
 from audit.models import ActorType
 from core.conf import protocol
@@ -22,10 +26,13 @@ from leases.fence import (
     renew_interval,
     require_active,
 )
-from leases.models import LeaseState
+from leases.models import LeaseState, lease_from_json
+from leases.tokens import token_digest
 from runs.outcomes import conclude_attempt
-from runs.states import AttemptState, RunState
+from runs.states import RUN_TRANSITIONS, AttemptState, RunState
 from runs.transitions import move_attempt, move_run
+
+from .completion import remember_attempt
 
 MAX_HANDLE = 512
 
@@ -92,9 +99,31 @@ def lease_starting(
     once swept): the timeout's outcome stands. ``cancel_requested`` tells the worker not to start
     (it then sends the ``cancelled`` start failure).
 
+    PostgreSQL: one round trip (``ql_lease_ack``, migration leases 0006) for the ACK that moves the
+    attempt; a refusal or a repeated ACK is answered by the Python path below.
+
     Raises: fence codes, ``lease_offer_conflict``, ``lease_version_conflict``, ``lease_expired``,
     ``lease_released``, ``lease_completed``, ``lock_timeout``.
     """
+    run_lease = timedelta(seconds=protocol().run_lease_seconds)
+    if connection.vendor == "postgresql":
+        done = _ack_in_database(
+            worker_id,
+            session_id,
+            generation,
+            attempt_id,
+            lease_generation,
+            lease_token,
+            offer_id,
+            lease_version,
+            AttemptState.STARTING,
+            run_lease,
+            None,
+            None,
+            "",
+        )
+        if done is not None:
+            return done
     ctx = _fence_ack(
         worker_id=worker_id,
         session_id=session_id,
@@ -109,7 +138,7 @@ def lease_starting(
     cancel = ctx.run.cancel_requested_at is not None
     if attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
         return AckResult(f"already_{attempt.state}", lease, cancel, renew_interval())
-    expires = ctx.now + timedelta(seconds=protocol().run_lease_seconds)
+    expires = ctx.now + run_lease
     lease_cas(lease, "the starting ACK", starting_at=ctx.now, expires_at=expires)
     move_attempt(
         attempt,
@@ -150,11 +179,33 @@ def lease_running(
     (the handle is checked the same way on every later ACK); without a prior starting ACK it is
     ``attempt_not_started``.
 
+    PostgreSQL: one round trip (``ql_lease_ack``, migration leases 0006) for the ACK that moves the
+    attempt and run; a refusal, a repeated ACK or a handle to compare is answered by the Python
+    path below.
+
     Raises: as :func:`lease_starting`, plus ``validation_failed`` (handle too long),
     ``executor_handle_mismatch``, ``attempt_not_started``.
     """
     if len(executor_handle) > MAX_HANDLE:
         raise DomainError("validation_failed", f"at most {MAX_HANDLE} characters", field="executorHandle")
+    if connection.vendor == "postgresql":
+        done = _ack_in_database(
+            worker_id,
+            session_id,
+            generation,
+            attempt_id,
+            lease_generation,
+            lease_token,
+            offer_id,
+            lease_version,
+            AttemptState.RUNNING,
+            None,
+            pid,
+            pgid,
+            executor_handle,
+        )
+        if done is not None:
+            return done
     ctx = _fence_ack(
         worker_id=worker_id,
         session_id=session_id,
@@ -278,3 +329,61 @@ def lease_start_failed(
         run, attempt, outcome, now=ctx.now, actor_type=ActorType.WORKER, actor=ctx.worker.name, reason=reason
     )
     return AckResult("start_failed", lease, run.cancel_requested_at is not None, renew_interval())
+
+
+_ACK_SQL = (
+    "SELECT ql_lease_ack(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::interval, %s::bigint, %s::bigint, %s, "
+    "%s::text[])"
+)
+#: The run states the running ACK may move a run from (``runs.states``), handed to ``ql_lease_ack``.
+_RUNNING_FROM = sorted(state for state, targets in RUN_TRANSITIONS.items() if RunState.RUNNING in targets)
+
+
+def _ack_in_database(
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    offer_id: uuid.UUID,
+    lease_version: int,
+    step: str,
+    run_lease: timedelta | None,
+    pid: int | None,
+    pgid: int | None,
+    executor_handle: str,
+) -> AckResult | None:
+    """The starting (``step`` starting, ``run_lease`` the new lease term) or running ACK (``step``
+    running, with the process) in one call of ``ql_lease_ack``; None: the Python path answers.
+
+    The function writes only when the ACK moves the attempt; on any other case it has written
+    nothing and the caller's Python path (same transaction, locks already held) answers with its
+    codes. A success also tells this process the attempt's revision and number, which the
+    completion's one round trip needs (``actions.leases.completion``).
+    """
+    params: list[Any] = [
+        worker_id,
+        session_id,
+        generation,
+        attempt_id,
+        lease_generation,
+        token_digest(lease_token, worker_id=worker_id),
+        offer_id,
+        lease_version,
+        str(step),
+        run_lease,
+        pid,
+        pgid,
+        executor_handle,
+        _RUNNING_FROM,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_ACK_SQL, params)
+        answer = cursor.fetchone()[0]
+    if isinstance(answer, str):
+        answer = json.loads(answer)
+    if answer["status"] != step:
+        return None
+    remember_attempt(attempt_id, uuid.UUID(answer["revision"]), answer["number"])
+    return AckResult(str(step), lease_from_json(answer["lease"]), bool(answer["cancel"]), renew_interval())

@@ -4,24 +4,32 @@ Completion)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import rfc8785
+from django.db import connection
+from psycopg.types.json import Jsonb
 
 from audit.models import ActorType
 from audit.recorder import record
 from core.db import write_path
 from core.errors import DomainError
+from core.wakeups import CHANNEL, WORKER_PREFIX
 from leases.fence import (
     fence_lease,
     lease_cas,
     require_active,
 )
 from leases.models import LeaseState
+from leases.tokens import token_digest
 from logs.rules import mask_text
-from runs.outcomes import conclude_attempt
-from runs.states import AttemptState
+from runs.models import TaskRevision
+from runs.outcomes import conclude_attempt, retry_delay_seconds, retry_facts, run_end
+from runs.states import ATTEMPT_TRANSITIONS, RUN_TRANSITIONS, AttemptState, RunState
 
 OUTCOMES = (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.TIMED_OUT, AttemptState.CANCELLED)
 
@@ -86,6 +94,12 @@ def lease_complete(
     a completed lease is ``lease_completed`` (409). Never a second result. ``succeeded``
     requires exit code 0; ``cancelled`` requires a cancellation request on the run.
 
+    PostgreSQL: one round trip (``ql_lease_complete``, migration leases 0007) once this process
+    knows the attempt's revision and number (its running ACK tells it; otherwise the function
+    answers them and the call is repeated); the policy — masking, digest, retry decision and
+    wait — is computed here before the call. A refusal or a replay is answered by the Python path
+    below.
+
     Raises: ``validation_failed``, fence codes, ``lease_completed``, ``lease_released``,
     ``lease_expired``, ``attempt_not_started``, ``cancel_not_requested``, ``lock_timeout``.
     """
@@ -93,6 +107,12 @@ def lease_complete(
         raise DomainError("validation_failed", f"must be one of {', '.join(OUTCOMES)}", field="outcome")
     if completion.outcome == AttemptState.SUCCEEDED and completion.exit_code != 0:
         raise DomainError("validation_failed", "a succeeded attempt exits with 0", field="exitCode")
+    if connection.vendor == "postgresql":
+        done = _complete_in_database(
+            worker_id, session_id, generation, attempt_id, lease_generation, lease_token, completion
+        )
+        if done is not None:
+            return done
     ctx = fence_lease(
         worker_id=worker_id,
         session_id=session_id,
@@ -152,3 +172,134 @@ def lease_complete(
         data={"outcome": completion.outcome, "sequence": completion.sequence},
     )
     return CompletionResult(attempt.pk, lease.lease_generation, completion.sequence, completion.outcome)
+
+
+# --- PostgreSQL: the completion in one round trip -------------------------------------------------
+#
+# The plan needs the attempt's pinned revision (retry policy, secret env) and its number; neither
+# ever changes for an attempt id, so this process remembers them from the attempt's running ACK
+# (``actions.leases.activation``) and keeps the revisions it has read. The function checks both.
+
+_CACHE_LIMIT = 4096
+#: {attempt id: (its revision id, its number)}, from running ACKs and ``learn`` answers.
+_attempts: dict[uuid.UUID, tuple[uuid.UUID, int]] = {}
+#: {revision id: the revision}; a pinned revision is immutable.
+_revisions: dict[uuid.UUID, TaskRevision] = {}
+
+_COMPLETE_SQL = (
+    "SELECT ql_lease_complete(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::text[], "
+    "%s::text[], %s::text[], %s::interval[], %s::jsonb, %s, %s)"
+)
+
+
+def remember_attempt(attempt_id: uuid.UUID, revision_id: uuid.UUID, number: int) -> None:
+    """Note an attempt's revision and number (from a call that read them under the run lock)."""
+    if len(_attempts) >= _CACHE_LIMIT:
+        _attempts.clear()
+    _attempts[attempt_id] = (revision_id, number)
+
+
+def _revision(revision_id: uuid.UUID) -> TaskRevision:
+    revision = _revisions.get(revision_id)
+    if revision is None:
+        revision = TaskRevision.objects.get(pk=revision_id)
+        if len(_revisions) >= _CACHE_LIMIT:
+            _revisions.clear()
+        _revisions[revision_id] = revision
+    return revision
+
+
+def _plan(revision: TaskRevision, number: int, completion: Completion) -> list[Any]:
+    """The policy part of ``ql_lease_complete``'s arguments for attempt ``number`` of ``revision``:
+    masked tails, then the run's move per case (no cancellation request, one) as
+    ``runs.outcomes.conclude_attempt`` would make it, and the run states it may move from."""
+    outcome = completion.outcome
+    states: list[str | None] = []
+    errors: list[str] = []
+    waits: list[timedelta | None] = []
+    data: list[dict[str, Any]] = []
+    for cancel_requested in (False, True):
+        if outcome == AttemptState.CANCELLED and not cancel_requested:
+            states.append(None)  # cancel_not_requested: the Python path answers
+            errors.append("")
+            waits.append(None)
+            data.append({})
+            continue
+        end = run_end(revision, number, outcome, cancel_requested=cancel_requested)
+        states.append(end.state)
+        errors.append(end.error_class)
+        if end.state == RunState.RETRY_WAIT:
+            wait = timedelta(seconds=retry_delay_seconds(revision, number))
+            waits.append(wait)
+            data.append(retry_facts(number, wait))
+        else:
+            waits.append(None)
+            data.append({})
+    targets = {state for state in states if state is not None}
+    run_from = sorted(state for state, allowed in RUN_TRANSITIONS.items() if targets <= allowed)
+    if outcome not in ATTEMPT_TRANSITIONS[AttemptState.RUNNING]:
+        run_from = []  # the Python path answers
+    return [
+        mask_text(completion.stdout_tail, revision.env, revision.secret_env),
+        mask_text(completion.stderr_tail, revision.env, revision.secret_env),
+        run_from,
+        states,
+        errors,
+        waits,
+        Jsonb(data),
+    ]
+
+
+def _complete_in_database(
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    completion: Completion,
+) -> CompletionResult | None:
+    """The completion through ``ql_lease_complete``; None: the Python path answers (nothing written).
+
+    Called inside ``lease_complete``'s transaction. Without the attempt's revision and number the
+    first call only learns them (``learn``); at most two calls, then the Python path.
+    """
+    fence: list[Any] = [
+        worker_id,
+        session_id,
+        generation,
+        attempt_id,
+        lease_generation,
+        token_digest(lease_token, worker_id=worker_id),
+    ]
+    known = _attempts.get(attempt_id)
+    for _ in range(2):
+        if known is None:
+            plan: list[Any] = ["", "", [], [], [], [], Jsonb([])]  # answered by ``learn``
+        else:
+            plan = _plan(_revision(known[0]), known[1], completion)
+        params = [
+            *fence,
+            known[0] if known is not None else None,
+            known[1] if known is not None else None,
+            completion.sequence,
+            completion.outcome,
+            completion.exit_code,
+            completion.sha256(),
+            *plan,
+            CHANNEL,
+            WORKER_PREFIX + str(worker_id),
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(_COMPLETE_SQL, params)
+            answer = cursor.fetchone()[0]
+        if isinstance(answer, str):
+            answer = json.loads(answer)
+        if answer["status"] == "completed":
+            _attempts.pop(attempt_id, None)
+            return CompletionResult(attempt_id, lease_generation, completion.sequence, completion.outcome)
+        if answer["status"] != "learn":
+            return None
+        known = (uuid.UUID(answer["revision"]), answer["number"])
+        remember_attempt(attempt_id, *known)
+    return None

@@ -1,14 +1,16 @@
-"""Query budgets of the hot worker write paths: claim, renew, release, completion, heartbeat and
-log append.
+"""Query budgets of the hot worker write paths: claim, the activation ACKs, renew, release,
+completion, heartbeat and log append.
 
 A regression that adds round trips fails here, on both stores. PostgreSQL answers a successful
-claim, renew, release, heartbeat and log append with one statement each (the functions of
-migration leases 0004, ``actions.sessions.heartbeat`` and migration logs 0003); SQLite (one
-process) keeps its ORM paths, whose budgets are today's counts. Transaction control
-(BEGIN/COMMIT/SAVEPOINT) is not counted: it is not a statement the path chose. The claim budget is
-taken once the process has learnt the session's capability digest, the placement class and the
-revision's spec template (a process learns each once); the dispatch hold is 0 so that the claim
-ranking never needs the fleet (docs/performance.md).
+claim, starting and running ACK, renew, release, completion, heartbeat and log append with one
+statement each (the functions of migrations leases 0004, 0006 and 0007,
+``actions.sessions.heartbeat`` and migration logs 0003); SQLite (one process) keeps its ORM paths,
+whose budgets are today's counts. Transaction control (BEGIN/COMMIT/SAVEPOINT) is not counted: it
+is not a statement the path chose. The claim budget is taken once the process has learnt the
+session's capability digest, the placement class and the revision's spec template, the
+completion's once it has read the revision's policy (a process learns each once; the attempt's
+revision and number come with its running ACK); the dispatch hold is 0 so that the claim ranking
+never needs the fleet (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from actions.leases import completion
 from actions.sessions.heartbeat import session_heartbeat
 from tests.helpers import enqueue, enrolled_worker, make_revision, register, repository_queries
-from tests.leases.flows import claim_one, complete, release, renew, start
+from tests.leases.flows import claim_one, complete, release, renew, running, start, starting
 from tests.logs.flows import append_segments
 
 pytestmark = pytest.mark.django_db
@@ -28,8 +31,11 @@ pytestmark = pytest.mark.django_db
 BUDGETS = {
     "claim": (1, 15),
     "release": (1, 14),
+    "starting": (1, 11),
+    "running": (1, 13),
     "renew": (1, 10),
-    "complete": (15, 14),  # PostgreSQL: + the pg_notify that wakes the worker's waiting claims
+    "complete": (1, 14),
+    "complete_learning": (2, 14),  # PostgreSQL: the running ACK went to another replica
     "heartbeat": (1, 2),
     "heartbeat_write": (1, 7),
     "append_first": (2, 12),  # the first chunk of an attempt in this process (PostgreSQL: + its state)
@@ -52,9 +58,10 @@ def warm(protocol_settings):
     protocol_settings(DISPATCH_HOLD_SECONDS=0)
     session = register(enrolled_worker(), max_concurrent=4)
     revision = make_revision()
-    for _ in range(3):
+    for _ in range(5):
         enqueue(revision)
     release(claim_one(session))  # the process learns the digest, the class and the template
+    complete(start(claim_one(session)))  # and the revision's policy
     return session
 
 
@@ -65,12 +72,33 @@ def test_a_claim_and_a_release_stay_within_their_budgets(warm):
     assert len(statements) <= budget("release"), statements
 
 
+def test_the_activation_acks_stay_within_their_budgets(warm):
+    held = claim_one(warm)
+    result, statements = counted(lambda: starting(held))
+    assert result.status == "starting"
+    assert len(statements) <= budget("starting"), statements
+    result, statements = counted(lambda: running(held))
+    assert result.status == "running"
+    assert len(statements) <= budget("running"), statements
+
+
 def test_a_renewal_and_a_completion_stay_within_their_budgets(warm):
     held = start(claim_one(warm))
     _, statements = counted(lambda: renew(held))
     assert len(statements) <= budget("renew"), statements
-    _, statements = counted(lambda: complete(held))
+    result, statements = counted(lambda: complete(held))
+    assert result.outcome == "succeeded"
     assert len(statements) <= budget("complete"), statements
+
+
+def test_a_completion_whose_running_ack_this_process_did_not_see_stays_within_its_budget(warm):
+    """The first call answers the attempt's revision and number (nothing written), the second
+    completes (PostgreSQL); the revision's policy is known already."""
+    held = start(claim_one(warm))
+    completion._attempts.clear()
+    result, statements = counted(lambda: complete(held))
+    assert result.outcome == "succeeded"
+    assert len(statements) <= budget("complete_learning"), statements
 
 
 def heartbeat(session, version: int, slots: int):
