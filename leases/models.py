@@ -124,7 +124,9 @@ class RunDispatchLease(models.Model):
             ),
             # Active leases only: every read by session wants them (capacity, settlement, the
             # heartbeat's cancel list), and the released row a release writes enters no entry.
-            models.Index(fields=["session"], condition=Q(state=LeaseState.LEASED), name="lease_active_session"),
+            models.Index(
+                fields=["session"], condition=Q(state=LeaseState.LEASED), name="lease_active_session"
+            ),
         ]
 
     def __str__(self) -> str:

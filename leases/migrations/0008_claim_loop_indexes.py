@@ -24,7 +24,10 @@ class Migration(migrations.Migration):
             model_name="rundispatchlease",
             name="run",
             field=models.ForeignKey(
-                db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name="leases", to="runs.run"
+                db_index=False,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="leases",
+                to="runs.run",
             ),
         ),
         migrations.AddIndex(
