@@ -15,6 +15,9 @@ What it measures (docs/performance.md, "Claim and release"), independently of th
 * per relation and per record type: records and bytes per loop (``record_length``, which
   includes full-page images), the full-page-image share, and which of the two calls wrote it (a
   transaction that inserts a lease is a claim, any other one a release);
+* full-page images appear only in a window that holds a checkpoint's redo point (a page's first
+  change after one writes the whole page): on a server that checkpoints every few minutes most
+  500-loop windows show none, so run it a few times to see that share;
 * the SQL statements per loop the client sends (Django's query log) and the heap updates per table
   and how many were HOT (``pg_stat_user_tables`` before and after).
 
@@ -25,7 +28,6 @@ nothing you want. The last line is machine-readable.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -45,8 +47,6 @@ TABLES = (
     "workers_worker",
     "workers_workersession",
 )
-BLOCK = re.compile(r"rel (\d+)/(\d+)/(\d+)")
-DEFAULT_TABLESPACE = 1663  # pg_default: pg_filenode_relation wants 0 for the database's default
 
 
 def _table_stats(cursor) -> dict[str, tuple[int, int, int]]:
@@ -60,35 +60,34 @@ def _table_stats(cursor) -> dict[str, tuple[int, int, int]]:
     return {name: (ins, upd, hot) for name, ins, upd, hot in cursor.fetchall()}
 
 
-def _relation_names(cursor, nodes: set[tuple[int, int]]) -> dict[tuple[int, int], str]:
-    names = {}
-    for spc, node in nodes:
-        tablespace = 0 if spc == DEFAULT_TABLESPACE else spc
-        cursor.execute("SELECT pg_filenode_relation(%s, %s)::regclass::text", [tablespace, node])
-        names[(spc, node)] = cursor.fetchone()[0] or f"filenode {node}"
-    return names
-
-
-Record = tuple[int, str, str, int, int, str]  # xid, resource manager, type, bytes, FPI bytes, relation
-
-
-def _our_records(cursor, start: str, end: str, database: int) -> list[Record]:
-    """The WAL records between ``start`` and ``end`` of the ``database`` (oid): those with a block
-    in it, and the commit records of their transactions (relation ``(commit)``)."""
-    cursor.execute(
-        "SELECT xid::text::bigint, resource_manager, record_type, record_length, fpi_length, block_ref "
-        "FROM pg_get_wal_records_info(%s, %s)",
-        [start, end],
-    )
-    found, xids = [], set()
-    for xid, rmgr, rtype, length, fpi, blocks in cursor.fetchall():
-        ours = [(int(spc), int(node)) for spc, db, node in BLOCK.findall(blocks or "") if int(db) == database]
-        if ours and xid:
-            xids.add(xid)
-        found.append((xid, rmgr, rtype, length, fpi, ours[0] if ours else None))
-    found = [r for r in found if r[5] is not None or (r[0] in xids and r[1] == "Transaction")]
-    names = _relation_names(cursor, {r[5] for r in found if r[5] is not None})
-    return [(*r[:5], names[r[5]] if r[5] else "(commit)") for r in found]
+#: This database's WAL records between two LSNs, grouped: those with a block in it (the first block
+#: names the relation), and the commit records of their transactions (relation NULL). A transaction
+#: that inserts a lease row is a claim, any other one a release. Grouped on the server: a window
+#: of the shared server's WAL can hold millions of other databases' records.
+OUR_RECORDS = r"""
+WITH r AS (
+    SELECT xid::text::bigint AS xid, resource_manager AS rm, record_type AS rt,
+           record_length AS len, fpi_length AS fpi,
+           regexp_match(block_ref, 'rel (\d+)/(\d+)/(\d+)') AS blk
+      FROM pg_get_wal_records_info(%(start)s, %(end)s)
+), ours AS (
+    SELECT xid, rm, rt, len, fpi, blk[1]::oid AS spc, blk[3]::oid AS node
+      FROM r WHERE blk[2]::oid = %(database)s
+), claims AS (
+    SELECT DISTINCT xid FROM ours
+     WHERE node = pg_relation_filenode('leases_rundispatchlease') AND rm = 'Heap' AND rt LIKE 'INSERT%%'
+), found AS (
+    SELECT * FROM ours
+    UNION ALL
+    SELECT xid, rm, rt, len, fpi, NULL, NULL FROM r
+     WHERE rm = 'Transaction' AND xid IN (SELECT xid FROM ours WHERE xid <> 0)
+)
+SELECT CASE WHEN xid IN (SELECT xid FROM claims) THEN 'claim' ELSE 'release' END, rm, rt,
+       coalesce(pg_filenode_relation(CASE WHEN spc = 1663 THEN 0 ELSE spc END, node)::regclass::text,
+                '(commit)'),
+       count(*), sum(len), sum(fpi), count(DISTINCT xid)
+  FROM found GROUP BY 1, 2, 3, 4
+"""  # 1663: pg_default, which pg_filenode_relation wants as 0 (the database's default)
 
 
 def _print_table(title: str, rows: dict[str, Counter], loops: int) -> None:
@@ -140,13 +139,10 @@ def main() -> int:
 
     for _ in range(args.warmup):
         loop()
-    checkpoints = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_force_next_flush()")
     with connection.cursor() as cursor:
         before = _table_stats(cursor)
-        cursor.execute(checkpoints)
-        checkpoints_before = cursor.fetchone()[0]
         cursor.execute("SELECT pg_current_wal_insert_lsn()")
         start = cursor.fetchone()[0]
     with CaptureQueriesContext(connection) as queries:
@@ -155,20 +151,17 @@ def main() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_current_wal_flush_lsn(), pg_current_wal_flush_lsn() - %s::pg_lsn", [start])
         end, server_bytes = cursor.fetchone()
-        cursor.execute(checkpoints)
-        checkpoints_during = cursor.fetchone()[0] - checkpoints_before
         cursor.execute("SELECT pg_stat_force_next_flush()")
     with connection.cursor() as cursor:
         after = _table_stats(cursor)
-        records = _our_records(cursor, start, end, database)
+        cursor.execute(OUR_RECORDS, {"start": start, "end": end, "database": database})
+        groups = cursor.fetchall()
 
-    claims = {r[0] for r in records if r[5] == "leases_rundispatchlease" and r[2].startswith("INSERT")}
     by_relation: dict[str, Counter] = defaultdict(Counter)
     by_type: dict[str, Counter] = defaultdict(Counter)
-    for xid, rmgr, rtype, length, fpi, relation in records:
-        call = "claim" if xid in claims else "release"
+    for call, rmgr, rtype, relation, records, length, fpi, _ in groups:
         for key, bucket in ((relation, by_relation), (f"{rmgr}/{rtype}", by_type)):
-            bucket[key]["records"] += 1
+            bucket[key]["records"] += records
             bucket[key]["bytes"] += length
             bucket[key]["fpi"] += fpi
             bucket[key][call] += length
@@ -178,17 +171,15 @@ def main() -> int:
     count = sum(c["records"] for c in by_relation.values())
     claim_bytes = sum(c["claim"] for c in by_relation.values())
     statements = len(queries.captured_queries) / k
-    transactions = len({r[0] for r in records})
+    transactions = sum(group[-1] for group in groups if group[3] == "(commit)")
     print(f"WAL per loop, this database's records ({transactions} transactions for {k} loops):")
     _print_table("relation", by_relation, k)
     _print_table("record type", by_type, k)
     print(
         f"  total {total / k:.0f} B/loop (claim {claim_bytes / k:.0f}, "
         f"release {(total - claim_bytes) / k:.0f}) in {count / k:.1f} records; "
-        f"full-page images {fpi / total:.1%} of it, {(total - fpi) / k:.0f} B/loop without them "
-        f"({checkpoints_during} checkpoints began in the window: a page's first change after one "
-        f"writes its image); the server wrote {server_bytes / k:.0f} B/loop in all (every database, "
-        "page headers and alignment)"
+        f"full-page images {fpi / total:.1%} of it, {(total - fpi) / k:.0f} B/loop without them; "
+        f"the server wrote {server_bytes / k:.0f} B/loop in all (every database, page headers and alignment)"
     )
     print(f"  {statements:g} SQL statements per loop (claim and release, as the client sends them)")
     print("heap updates per loop (pg_stat_user_tables), HOT share:")
