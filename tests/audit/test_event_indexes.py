@@ -14,9 +14,10 @@ from core.db import db_now
 from protocol.ids import uuid7
 from tests.helpers import enrolled_worker, index_plans, register
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = pytest.mark.django_db
 
 
+@pytest.mark.postgres
 def test_the_dashboard_and_metrics_count_events_through_the_kind_index():
     plans = index_plans(lambda: dashboard.build(now=db_now()), "audit_event")
     plans += index_plans(lambda: list(DatabaseGauges().collect()), "audit_event")
@@ -29,6 +30,7 @@ def test_the_kinds_left_out_of_the_kind_index_are_none_that_is_read_by_kind():
     assert not read_by_kind & set(KIND_INDEX_EXCLUDES)
 
 
+@pytest.mark.postgres
 def test_a_workers_events_are_read_through_the_worker_index(admin_client):
     worker = enrolled_worker()
     register(worker)
