@@ -72,6 +72,9 @@ def main() -> int:
     parser.add_argument(
         "--http-backlog", type=int, default=20_000, help="runs for the HTTP loops (each completes one)"
     )
+    parser.add_argument(
+        "--skip-http", action="store_true", help="no signed-HTTP loops (in-process and pgbench only)"
+    )
     args = parser.parse_args()
     if not args.pg_url.startswith(("postgres://", "postgresql://")):
         raise SystemExit("the claim benchmark runs on PostgreSQL only")
@@ -102,17 +105,22 @@ def main() -> int:
                 flush=True,
             )
     clients = max(CONCURRENCY)
-    print(
-        f"signed HTTP, manage.py serve (cluster-control), {clients} workers: "
-        "claim → starting → running → complete"
-    )
-    http = http_claims.measure(args.pg_url, clients=clients, seconds=args.seconds, backlog=args.http_backlog)
-    print(
-        f"  c={clients} loops/s {http.per_second:8.1f}   p50 {http.p50_ms:7.2f} ms   "
-        f"p99 {http.p99_ms:7.2f} ms   "
-        f"({http.loops} loops, {http.empty} empty claims; 4 signed calls per loop)",
-        flush=True,
-    )
+    http = None
+    if not args.skip_http:
+        print(
+            f"signed HTTP, manage.py serve (cluster-control), {clients} workers: "
+            "claim → starting → running → complete"
+        )
+        http = http_claims.measure(
+            args.pg_url, clients=clients, seconds=args.seconds, backlog=args.http_backlog
+        )
+        print(
+            f"  c={clients} loops/s {http.per_second:8.1f}   p50 {http.p50_ms:7.2f} ms   "
+            f"p99 {http.p99_ms:7.2f} ms   "
+            f"({http.loops} loops, {http.empty} empty claims; 4 signed calls per loop)",
+            flush=True,
+        )
+    http_per_second = http.per_second if http else float("nan")
     tps = pgbench_tps(args.pg_url, args.pgbench_seconds, clients)
     print(f"pgbench TPC-B-like, scale 10, {clients} clients, {args.pgbench_seconds}s: {tps:.1f} tps")
     big, small = figures[(BACKLOGS[1], 16)], figures[(BACKLOGS[0], 16)]
@@ -120,13 +128,13 @@ def main() -> int:
     print(
         f"ratios to pgbench: in-process c16 100k {big.per_second / tps:.3f}x (target 0.25x), "
         f"1k {small.per_second / tps:.3f}x; 100k/1k {big.per_second / small.per_second:.2f} (target ≥ 0.90); "
-        f"HTTP loops {http.per_second / tps:.3f}x (target 0.06x); load average {load}"
+        f"HTTP loops {http_per_second / tps:.3f}x (target 0.06x); load average {load}"
     )
     print(
         f"claims_per_s_c16_{_label(BACKLOGS[1])}={big.per_second:.1f} "
         f"claims_per_s_c16_{_label(BACKLOGS[0])}={small.per_second:.1f} "
         f"claim_p99_ms_c16_{_label(BACKLOGS[1])}={big.p99_ms:.2f} "
-        f"http_claim_loops_per_s_c16={http.per_second:.1f} pgbench_tps={tps:.1f}"
+        f"http_claim_loops_per_s_c16={http_per_second:.1f} pgbench_tps={tps:.1f}"
     )
     return 0
 

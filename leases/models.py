@@ -38,13 +38,14 @@ class ReleaseReason(models.TextChoices):
 
 class RunDispatchLease(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    # No single-column indexes on attempt, worker and session: the unique (attempt, generation),
-    # (worker, offer id) and the (session, state) indexes lead with them, and each index less is
-    # one entry less to write per claim and release (docs/performance.md).
+    # No single-column indexes on attempt, worker, session and run: the unique (attempt,
+    # generation) and (worker, offer id) indexes lead with the first two, the session's active
+    # leases have their partial index, a run's leases are read through its attempts; each index
+    # less is one entry less to write per claim and release (docs/performance.md).
     attempt = models.ForeignKey(
         "runs.RunAttempt", on_delete=models.PROTECT, related_name="leases", db_index=False
     )
-    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="leases")
+    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="leases", db_index=False)
     worker = models.ForeignKey(
         "workers.Worker", on_delete=models.PROTECT, related_name="leases", db_index=False
     )
@@ -121,7 +122,11 @@ class RunDispatchLease(models.Model):
             models.Index(
                 fields=["expires_at"], condition=Q(state=LeaseState.LEASED), name="lease_active_expiry"
             ),
-            models.Index(fields=["session", "state"], name="lease_session_state"),
+            # Active leases only: every read by session wants them (capacity, settlement, the
+            # heartbeat's cancel list), and the released row a release writes enters no entry.
+            models.Index(
+                fields=["session"], condition=Q(state=LeaseState.LEASED), name="lease_active_session"
+            ),
         ]
 
     def __str__(self) -> str:

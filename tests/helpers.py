@@ -12,6 +12,8 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from accounts.models import ApiToken
 from accounts.roles import ROLE_PERMISSIONS, sync_role_groups
@@ -256,3 +258,23 @@ def repository_queries(queries) -> list[str]:
         for q in queries
         if _REPLAY_TABLE not in q["sql"] and not q["sql"].lstrip().upper().startswith(_TRANSACTION_CONTROL)
     ]
+
+
+def index_plans(act, table: str) -> list[str]:
+    """The plans (PostgreSQL, sequential scans off) of every SELECT reading ``table`` that ``act()``
+    sends: the name of an index in one says that index can serve that read."""
+    with CaptureQueriesContext(connection) as queries:
+        act()
+    reads = [
+        q["sql"]
+        for q in queries
+        if q["sql"].lstrip().upper().startswith("SELECT") and f'"{table}"' in q["sql"]
+    ]
+    plans = []
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        for sql in reads:
+            cursor.execute("EXPLAIN " + sql)
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+        cursor.execute("SET LOCAL enable_seqscan = on")
+    return plans

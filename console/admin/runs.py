@@ -785,7 +785,8 @@ class RunAdmin(ReadOnlyAdmin):
         )
         leases: dict[object, list[str]] = {}
         for lease in (
-            RunDispatchLease.objects.filter(run=run)
+            # by attempt, not run: lease_generation_unique serves it (the run column has no index)
+            RunDispatchLease.objects.filter(attempt_id__in=[attempt.pk for attempt in attempts])
             .order_by("lease_generation")
             .only("attempt_id", "lease_generation", "state", "session_generation", "release_reason")
         ):
