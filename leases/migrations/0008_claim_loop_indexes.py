@@ -2,9 +2,6 @@
 session index holds active leases only (every read by session wants those, and the released row
 a release writes then enters it no more), and the run's single-column index goes (a run's leases
 are read through its attempts, ``lease_generation_unique``).
-
-Numbered 0008 while 0006 and 0007 are being written elsewhere; it depends on 0005 until the chain
-is joined.
 """
 
 import django.db.models.deletion
@@ -13,7 +10,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("leases", "0005_hot_path_indexes"),
+        ("leases", "0007_completion_function"),
         ("runs", "0006_merge_20261201_1229"),
         ("workers", "0005_merge_20261201_1012"),
     ]
