@@ -6,7 +6,9 @@ credential cache. SQLite or a per-process cache there would silently break fenci
 refuses to start. The standalone profile refuses nothing: it is one process by definition.
 
 Both profiles: the session lease must outlive the heartbeat cadence (``check_session_timings``),
-and the agent version policy must be usable (``check_agent_version_policy``).
+the agent version policy must be usable (``check_agent_version_policy``), and a server process's
+connection pool must hold a connection for every thread that can ask for one
+(``check_connection_pool``).
 """
 
 import math
@@ -112,3 +114,27 @@ def check_agent_version_policy(app_configs, **kwargs):
             )
         )
     return errors
+
+
+@checks.register(checks.Tags.database)
+def check_connection_pool(app_configs, **kwargs):
+    """A server process's pool (``manage.py serve``, docs/deploy.md "Database connections under
+    ASGI") must have a connection for each request slot and each waiting-claim thread — as many
+    threads as slots, ``QINGLONG_MAX_ACTIVE_REQUESTS`` each. With fewer, a request that got its
+    slot waits for a connection and answers 503 ``database_unavailable`` while the database is up.
+    """
+    pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
+    if not isinstance(pool, dict):
+        return []
+    holders = 2 * settings.QINGLONG_SERVER["MAX_ACTIVE_REQUESTS"]
+    if pool.get("max_size", holders) >= holders:
+        return []
+    return [
+        checks.Error(
+            f"a server process has {holders} threads that can hold a database connection "
+            f"({settings.QINGLONG_SERVER['MAX_ACTIVE_REQUESTS']} request slots and as many waiting-claim "
+            f"threads) and a pool of {pool['max_size']}.",
+            hint=f"Use QINGLONG_DB_POOL_MAX_SIZE ≥ {holders}, or unset it (the default follows the slots).",
+            id="qinglong.E005",
+        )
+    ]

@@ -137,6 +137,7 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
     _db["OPTIONS"]["options"] = f"-c lock_timeout={env.int('QINGLONG_PG_LOCK_TIMEOUT_MS', default=5000)}"
     _db["CONN_MAX_AGE"] = env.int("QINGLONG_DB_CONN_MAX_AGE", default=60)
     _db["CONN_HEALTH_CHECKS"] = True
+    _request_slots = env.int("QINGLONG_MAX_ACTIVE_REQUESTS", default=8)  # QINGLONG_SERVER's, below
     if env.bool("QINGLONG_SERVE_DB_POOL", default=False):  # core.conf.SERVE_DB_POOL_VARIABLE
         # Set by `manage.py serve` for its server processes only (spawned, never forked: a pool
         # does not survive a fork). Under ASGI every request runs in a thread of its own, so
@@ -150,7 +151,9 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
         _db["OPTIONS"]["pool"] = {
             "name": "qinglong",
             "min_size": env.int("QINGLONG_DB_POOL_MIN_SIZE", default=2),
-            "max_size": env.int("QINGLONG_DB_POOL_MAX_SIZE", default=20),
+            # A connection for each request slot and each waiting-claim thread (api.waiting: as
+            # many as the slots), and two spare; qinglong.E005 refuses a smaller pool.
+            "max_size": env.int("QINGLONG_DB_POOL_MAX_SIZE", default=2 * _request_slots + 2),
             "timeout": env.float("QINGLONG_DB_POOL_TIMEOUT_SECONDS", default=2.0),
             "reconnect_timeout": env.float("QINGLONG_DB_POOL_RECONNECT_SECONDS", default=3.0),
         }

@@ -44,20 +44,32 @@ print(json.dumps({"max_size": pool.get("max_size"), "slots": settings.QINGLONG_S
 """
 
 
-@pytest.mark.parametrize("threads", [8, 16, 24])
-def test_the_pool_has_a_connection_for_every_slot_and_waiting_thread_or_serve_is_refused(threads):
+def probe(threads: int, **extra: str) -> dict:
+    """The pool size, the request slots and the qinglong.* check errors of a server process's
+    settings with ``threads`` slots (and ``extra`` environment)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("QINGLONG_", "PYTEST"))}
     env.update(
         DJANGO_SETTINGS_MODULE="qinglong.settings",
         DATABASE_URL="postgres://postgres@127.0.0.1:9/unused",  # never connected: settings only
         QINGLONG_SERVE_DB_POOL="1",
         QINGLONG_MAX_ACTIVE_REQUESTS=str(threads),
+        **extra,
     )
     done = subprocess.run(
         [sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_pool_set_smaller_than_its_threads_is_refused_by_a_system_check():
+    assert probe(8, QINGLONG_DB_POOL_MAX_SIZE="15")["errors"] == ["qinglong.E005"]
+    assert probe(8, QINGLONG_DB_POOL_MAX_SIZE="16")["errors"] == []
+
+
+@pytest.mark.parametrize("threads", [8, 16, 24])
+def test_the_pool_has_a_connection_for_every_slot_and_waiting_thread_or_serve_is_refused(threads):
+    facts = probe(threads)
     holders = 2 * facts["slots"]  # the request slots + api.waiting's EXECUTOR threads
     assert facts["max_size"] >= holders or facts["errors"], (
         f"{holders} connection holders per process, a pool of {facts['max_size']}, and no check refuses it"
