@@ -20,7 +20,8 @@ and a thread hop per request, which this does not measure.
 For each kind: 50 warm-up requests, then three rounds of ``--requests`` requests timed with
 ``time.process_time`` (ms of CPU per request in this process, the least of the three: Redis and
 PostgreSQL do their part elsewhere), then as many
-again under ``cProfile`` (timed by CPU) for the top entries by cumulative and by own time. Every answer must be 200.
+again under ``cProfile`` (timed by CPU) for the top entries by cumulative and by own time. Every
+answer must be 200.
 """
 
 from __future__ import annotations
@@ -122,7 +123,10 @@ def main() -> int:
                 body = {**fence, "expectedVersion": session.version, "availableSlots": 2}
             else:
                 path = wire.CLAIM
-                body = {**fence, "offers": [{"offerId": str(uuid7()), "leaseToken": secrets.token_urlsafe(32)}]}
+                body = {
+                    **fence,
+                    "offers": [{"offerId": str(uuid7()), "leaseToken": secrets.token_urlsafe(32)}],
+                }
             raw = strictjson.dumps(body)
             headers = sign_request(
                 method="POST", path=path, body=raw, key_id=worker.credential_id, private_key=key
@@ -130,10 +134,14 @@ def main() -> int:
             out.append((path, raw, headers))
         return out
 
+    statuses: list[str] = []
+
+    def start_response(status: str, headers, *args) -> None:
+        statuses[:] = [status]
+
     def send(requests: list[tuple[str, bytes, dict[str, str]]]) -> None:
         for path, raw, headers in requests:
-            statuses: list[str] = []
-            result = handler(environ(path, raw, headers), lambda status, headers, *a: statuses.append(status))
+            result = handler(environ(path, raw, headers), start_response)
             body = b"".join(result)
             result.close()  # request_finished, as a WSGI server does
             if not statuses[0].startswith("200"):

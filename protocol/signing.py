@@ -300,7 +300,12 @@ def _lean_signature_base(
 
 
 def _lean_verified(
-    params: str, method: str, path: str, headers: MutableMapping[str, str], body: bytes, public_key
+    params: str,
+    method: str,
+    path: str,
+    headers: MutableMapping[str, str],
+    body: bytes,
+    public_key: Ed25519PublicKey,
 ) -> bool:
     """True when the signature verifies on the lean path; False means "ask the library", never
     "refused"."""

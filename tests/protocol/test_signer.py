@@ -121,7 +121,10 @@ def _variants(headers: dict[str, str]) -> dict[str, dict[str, str]]:
         "spaces in the signature": {**headers, "Signature": signature.replace("=:", "= :", 1)},
         "digest respelt": {**headers, "Content-Digest": headers["Content-Digest"] + " "},
         "digest of another body": {**headers, "Content-Digest": signer.content_digest(b"[]")},
-        "created with a leading zero": {**headers, "Signature-Input": sig_input.replace("created=", "created=0")},
+        "created with a leading zero": {
+            **headers,
+            "Signature-Input": sig_input.replace("created=", "created=0"),
+        },
     }
 
 
@@ -153,7 +156,12 @@ def test_the_agents_requests_verify_without_the_library(monkeypatch):
     key = signer.WorkerKey.generate()
     public = signing.load_public_key(key.public_key_text())
     headers = signer.sign_request(
-        method="POST", path="/api/v1/worker/claim", body=b"{}", key_id="wkc_1", private_key=key, created=CREATED
+        method="POST",
+        path="/api/v1/worker/claim",
+        body=b"{}",
+        key_id="wkc_1",
+        private_key=key,
+        created=CREATED,
     )
 
     def refuse(*args, **kwargs):
