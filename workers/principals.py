@@ -220,14 +220,15 @@ def forget_credentials(credential_ids: list[str]) -> None:
     """Evict credentials from every process's cache; call it on commit of a credential change.
 
     ``credential_ids``: the changed credentials' ids (RFC 9421 keyids). With a shared cache the
-    keys are deleted for all replicas; with per-process caches the epoch file is rewritten too,
+    keys are deleted for all replicas and each credential gets a new version (which ends every
+    replica's copy in memory on its next request); with per-process caches the epoch file is rewritten too,
     so other processes of the installation (``manage.py serve`` when a command revoked) stop
     trusting what they cached (ADR-0012 §1: a revoked credential fails on the next request).
     Never raises: an unwritable state directory is logged, and other processes then notice
     within ``CREDENTIAL_CACHE_SECONDS``.
     """
     keys = [_credential_key(key_id) for key_id in credential_ids]
-    if _local_layer():
+    if cache_is_shared():
         # A new version for every replica's in-process copy to notice; it outlives any copy.
         lifetime = 2 * protocol().credential_cache_seconds + 60
         cache.set_many(
