@@ -7,22 +7,21 @@ from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.http import JsonResponse
+from django.utils.deprecation import MiddlewareMixin
 
 from api.query import digits_value
 from protocol.wire import API_PREFIX
 
 
-class _NotForWorkers:
+class _NotForWorkers(MiddlewareMixin):
     """Skip this middleware on the worker API (``/api/v1/worker/…``): its requests are
     authenticated by signature only (``api.auth``), never by a console session or user, and they
     carry no messages. It was about 5 % of a heartbeat's CPU (docs/performance.md "Signed HTTP")."""
 
-    get_response = None  # set by Django's MiddlewareMixin
-
     def __call__(self, request):
         if request.path_info.startswith(API_PREFIX):
             return self.get_response(request)  # a coroutine in async mode: awaited by the caller
-        return super().__call__(request)  # type: ignore[misc]
+        return super().__call__(request)
 
 
 class ConsoleSessionMiddleware(_NotForWorkers, SessionMiddleware):
