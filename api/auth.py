@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from django.core.cache import cache
 from rest_framework.authentication import BaseAuthentication
@@ -25,7 +26,13 @@ from core.conf import protocol
 from core.errors import DomainError
 from protocol.errors import ProtocolError
 from protocol.signing import SignedRequest, verify_request
-from workers.principals import WorkerPrincipal, cache_is_shared, resolve_credential, trusted_key
+from workers.principals import (
+    CredentialStamp,
+    WorkerPrincipal,
+    cache_is_shared,
+    resolve_credential,
+    trusted_key,
+)
 
 log = logging.getLogger("qinglong.auth")
 
@@ -55,7 +62,16 @@ def nonce_accept(*, key_id: str, nonce: str, window_seconds: int) -> None:
 
 
 def nonce_accept_and_count(
-    *, key_id: str, nonce: str, window_seconds: int, worker_id: str, group: str, rate: str, raw
+    *,
+    key_id: str,
+    nonce: str,
+    window_seconds: int,
+    worker_id: str,
+    group: str,
+    rate: str,
+    raw,
+    stamp: CredentialStamp | None = None,
+    recheck: Callable[[], None] | None = None,
 ) -> bool:
     """Shared cache only: accept the nonce and count the worker's request in one Redis round trip.
 
@@ -63,14 +79,26 @@ def nonce_accept_and_count(
     counted into the worker's rate-limit window of the view's bucket ``group`` at ``rate``
     (``api.ratelimit.worker_counter``, the counter ``WorkerAPIView`` would otherwise count with
     ``enforce``), and the usage is left on ``raw``
-    for ``WorkerAPIView.initial`` to judge. Returns False (nothing done) when the cache offers no
-    combined call. Raises ProtocolError ``signature_replayed``.
+    for ``WorkerAPIView.initial`` to judge. With ``stamp`` (a credential read from this process's
+    memory) the same round trip reads the credential's version; when it moved, ``recheck`` runs
+    first (it judges the credential again and raises its refusal), so a revocation made on any
+    replica is refused here as if nothing had been kept in memory. Returns False (nothing done)
+    when the cache offers no combined call. Raises ProtocolError ``signature_replayed`` or
+    whatever ``recheck`` raises.
     """
-    add_and_count = getattr(cache, "add_and_count", None)
+    add_and_count = getattr(cache, "add_count_and_read", None)
     if add_and_count is None or not cache_is_shared():
         return False
     counter, lifetime, limit, window = worker_counter(worker_id, rate, group)
-    count = add_and_count(_NONCE_KEY.format(key_id, nonce), 2 * window_seconds, counter, lifetime)
+    count, version = add_and_count(
+        _NONCE_KEY.format(key_id, nonce),
+        2 * window_seconds,
+        counter,
+        lifetime,
+        None if stamp is None else stamp.version_key,
+    )
+    if stamp is not None and recheck is not None and not stamp.current(version):
+        recheck()
     if count is None:
         raise ProtocolError("signature_replayed", "this signature nonce was already used")
     raw.worker_usage = {"count": count, "limit": limit, "time_left": window - int(time.time())}
@@ -117,13 +145,19 @@ class WorkerSignatureAuthentication(BaseAuthentication):
                 )
             raise
 
-    def _authenticate(self, raw, view=None) -> tuple[WorkerPrincipal, SignedRequest]:
+    def _authenticate(self, raw, view=None, *, local: bool = True) -> tuple[WorkerPrincipal, SignedRequest]:
+        """``local``: the credential may come from this process's memory (``workers.principals``);
+        a request refused after such a credential verified the key is judged again without it,
+        so every refusal is the one the shared stores give."""
         now = time.time()
         window = protocol().signature_window_seconds
         resolved: dict[str, WorkerPrincipal] = {}
+        stamps: list[CredentialStamp] = []
 
         def resolve_key(key_id: str):
-            resolved["principal"], public_key = resolve_credential(key_id, now=now)
+            resolved["principal"], public_key, stamp = resolve_credential(key_id, now=now, local=local)
+            if stamp is not None:
+                stamps.append(stamp)
             try:
                 return trusted_key(public_key)
             except ProtocolError:  # stored before keys were vetted: never trust it
@@ -131,16 +165,25 @@ class WorkerSignatureAuthentication(BaseAuthentication):
                     "signature_invalid", "the credential's public key is not usable"
                 ) from None
 
-        signed = verify_request(
-            method=raw.method,
-            path=raw.get_full_path(),
-            headers=raw.headers,
-            body=raw.body,
-            now=now,
-            window_seconds=window,
-            future_skew_seconds=protocol().signature_future_skew_seconds,
-            resolve_key=resolve_key,
-        )
+        try:
+            signed = verify_request(
+                method=raw.method,
+                path=raw.get_full_path(),
+                headers=raw.headers,
+                body=raw.body,
+                now=now,
+                window_seconds=window,
+                future_skew_seconds=protocol().signature_future_skew_seconds,
+                resolve_key=resolve_key,
+            )
+        except ProtocolError:
+            if stamps:  # the copy in memory may be stale: the shared stores decide the refusal
+                return self._authenticate(raw, view, local=False)
+            raise
+
+        def recheck() -> None:  # the credential changed since it was read: judge it afresh
+            resolved["principal"] = resolve_credential(signed.key_id, now=now)[0]
+
         # Remember the nonce only after the signature verified, so forged requests cannot burn
         # a worker's nonces. With Redis, the worker's rate-limit count rides the same round trip.
         principal = resolved["principal"]
@@ -152,9 +195,11 @@ class WorkerSignatureAuthentication(BaseAuthentication):
             group=getattr(view, "rate_group", WORKER_GROUP),
             rate=view.rate() if hasattr(view, "rate") else protocol().rate_worker,
             raw=raw,
+            stamp=stamps[0] if stamps else None,
+            recheck=recheck,
         ):
             nonce_accept(key_id=signed.key_id, nonce=signed.nonce, window_seconds=window)
-        return principal, signed
+        return resolved["principal"], signed
 
     def authenticate_header(self, request) -> str:
         return 'Signature realm="qinglong-worker", alg="ed25519"'

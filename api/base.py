@@ -11,6 +11,7 @@ the permission each method names (:class:`OperatorPermission`; ``docs/operators.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import cast
 
@@ -94,11 +95,40 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
+@functools.cache
+def _shape(serializer_class: type[serializers.Serializer]) -> serializers.Serializer:
+    """One unbound instance per serializer class and process, its fields built once.
+
+    DRF builds a serializer's fields afresh for every instance (a deep copy of the declared
+    fields, nested serializers included): on the hot worker endpoints that was about a fifth of a
+    request's CPU (docs/performance.md "Signed HTTP"). Validating (``run_validation``) and
+    representing (``to_representation``) keep no state on the instance, so one instance serves
+    every request and thread.
+    """
+    return serializer_class()
+
+
 def validated(serializer_class: type[serializers.Serializer], request) -> dict:
-    """Validate ``request.data`` with ``serializer_class``; refuses with 400 naming the field."""
+    """Validate ``request.data`` with ``serializer_class``; refuses with 400 naming the field.
+
+    A valid body is validated by the class's shared instance (:func:`_shape`): the same fields
+    and validators, so the same validated data as ``is_valid``. A body it refuses is validated
+    again through a fresh serializer and ``is_valid``, which raises exactly the error (detail,
+    first field, message) it always raised.
+    """
+    try:
+        return _shape(serializer_class).run_validation(request.data)
+    except serializers.ValidationError:
+        pass
     serializer = serializer_class(data=request.data)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
+
+
+def represented(serializer_class: type[serializers.Serializer], instance) -> dict:
+    """``serializer_class(instance).data``, by the class's shared instance (:func:`_shape`):
+    the same fields, so the same JSON (times still in the request's active timezone)."""
+    return _shape(serializer_class).to_representation(instance)
 
 
 class IsWorker(BasePermission):

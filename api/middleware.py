@@ -1,10 +1,39 @@
-"""Per-endpoint request body limits, enforced before anything reads or parses the body."""
+"""Per-endpoint request body limits, enforced before anything reads or parses the body; and the
+console's session, user and message middleware, which the worker API never needs."""
 
 from __future__ import annotations
 
+from django.contrib.auth.middleware import AuthenticationMiddleware
+from django.contrib.messages.middleware import MessageMiddleware
+from django.contrib.sessions.middleware import SessionMiddleware
 from django.http import JsonResponse
+from django.utils.deprecation import MiddlewareMixin
 
 from api.query import digits_value
+from protocol.wire import API_PREFIX
+
+
+class _NotForWorkers(MiddlewareMixin):
+    """Skip this middleware on the worker API (``/api/v1/worker/…``): its requests are
+    authenticated by signature only (``api.auth``), never by a console session or user, and they
+    carry no messages. It was about 5 % of a heartbeat's CPU (docs/performance.md "Signed HTTP")."""
+
+    def __call__(self, request):
+        if request.path_info.startswith(API_PREFIX):
+            return self.get_response(request)  # a coroutine in async mode: awaited by the caller
+        return super().__call__(request)
+
+
+class ConsoleSessionMiddleware(_NotForWorkers, SessionMiddleware):
+    """Django's ``SessionMiddleware``, except on the worker API."""
+
+
+class ConsoleAuthenticationMiddleware(_NotForWorkers, AuthenticationMiddleware):
+    """Django's ``AuthenticationMiddleware``, except on the worker API."""
+
+
+class ConsoleMessageMiddleware(_NotForWorkers, MessageMiddleware):
+    """Django's ``MessageMiddleware``, except on the worker API."""
 
 
 class BodyLimitMiddleware:

@@ -14,7 +14,8 @@ forked child. Behaviour, keys and commands are Django's own.
 
 :meth:`RedisCache.add_and_count` is the signed request's one Redis round trip: the replay nonce
 (``SET NX``) and the per-worker rate-limit counter (django-ratelimit's key, ``SET NX`` then
-``INCR``) in one Lua script, registered once per client (``register_script``: ``EVALSHA``).
+``INCR``) in one Lua script, registered once per client (``register_script``: ``EVALSHA``); the
+script also reads one more key when asked (the credential's version, ``workers.principals``).
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from typing import Any, cast
 from django.core.cache.backends.redis import RedisCache as DjangoRedisCache
 from django.core.cache.backends.redis import RedisCacheClient as DjangoRedisCacheClient
 
-#: KEYS[1] the nonce, KEYS[2] the counter; ARGV[1], ARGV[2] their lifetimes in seconds.
-#: -1: the nonce was already there (nothing counted); else the counter after this request.
+#: KEYS[1] the nonce, KEYS[2] the counter, KEYS[3] (optional) a key to read; ARGV[1], ARGV[2]
+#: the first two's lifetimes in seconds. Answers {count, value of KEYS[3] or nil}; count -1: the
+#: nonce was already there (nothing counted), else the counter after this request.
 _ADD_AND_COUNT = """
-if not redis.call('SET', KEYS[1], 1, 'NX', 'EX', ARGV[1]) then return -1 end
-if redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then return 1 end
-return redis.call('INCR', KEYS[2])
+local read = false
+if KEYS[3] then read = redis.call('GET', KEYS[3]) end
+if not redis.call('SET', KEYS[1], 1, 'NX', 'EX', ARGV[1]) then return {-1, read} end
+if redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then return {1, read} end
+return {redis.call('INCR', KEYS[2]), read}
 """
 
 
@@ -50,11 +54,15 @@ _SHARED_LOCK = threading.Lock()
 class RedisCacheClient(DjangoRedisCacheClient):
     """``RedisCacheClient`` whose pools and ``redis.Redis`` objects are shared by the process."""
 
-    def add_and_count(self, add_key: str, add_ttl: int, count_key: str, count_ttl: int) -> int | None:
-        """See :meth:`RedisCache.add_and_count` (keys already made)."""
+    def add_and_count(
+        self, add_key: str, add_ttl: int, count_key: str, count_ttl: int, read_key: str | None = None
+    ) -> tuple[int | None, Any]:
+        """See :meth:`RedisCache.add_and_count` (keys already made): (count or None, value read)."""
         script = self._shared(write=True).script
-        result = int(script(keys=[add_key, count_key], args=[add_ttl, count_ttl]))
-        return None if result < 0 else result
+        keys = [add_key, count_key] if read_key is None else [add_key, count_key, read_key]
+        count, read = script(keys=keys, args=[add_ttl, count_ttl])
+        loads = self._serializer.loads  # type: ignore[attr-defined]
+        return (None if int(count) < 0 else int(count)), (None if read is None else loads(read))
 
     def get_client(self, key: Any = None, *, write: bool = False) -> Any:
         return self._shared(write).client
@@ -90,7 +98,18 @@ class RedisCache(DjangoRedisCache):
         Returns None when ``add_key`` already existed (nothing counted), else the new count.
         Keys are cache keys (prefixed and versioned here, as every cache call does).
         """
+        return self.add_count_and_read(add_key, add_ttl, count_key, count_ttl)[0]
+
+    def add_count_and_read(
+        self, add_key: str, add_ttl: int, count_key: str, count_ttl: int, read_key: str | None = None
+    ) -> tuple[int | None, Any]:
+        """:meth:`add_and_count`, and in the same round trip ``get(read_key)`` as it was just
+        before (None when absent or not asked): (count or None, value)."""
         client = cast(RedisCacheClient, self._cache)  # built from self._class, set above
         return client.add_and_count(
-            self.make_and_validate_key(add_key), add_ttl, self.make_and_validate_key(count_key), count_ttl
+            self.make_and_validate_key(add_key),
+            add_ttl,
+            self.make_and_validate_key(count_key),
+            count_ttl,
+            None if read_key is None else self.make_and_validate_key(read_key),
         )

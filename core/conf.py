@@ -1,11 +1,14 @@
 """Typed access to the protocol's timings and limits (``settings.QINGLONG``).
 
-Read on every call, so ``override_settings``/the pytest ``settings`` fixture take effect at once.
+Read on every call, so ``override_settings``/the pytest ``settings`` fixture take effect at once:
+the snapshot is rebuilt whenever the settings' mapping is another object or holds other values
+than the one it was built from (a signed request reads it about seven times).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from django.conf import settings
 
@@ -59,10 +62,24 @@ def claim_wait_bound(requested: float) -> float:
     return max(0.0, min(float(requested), protocol().claim_wait_max_seconds))
 
 
+#: (the settings mapping, a copy of its items, the snapshot built from them), per settings name.
+_SNAPSHOTS: dict[str, tuple[object, dict, Any]] = {}
+_Shape = TypeVar("_Shape")
+
+
+def _snapshot(name: str, shape: type[_Shape]) -> _Shape:
+    raw = getattr(settings, name)
+    cached = _SNAPSHOTS.get(name)
+    if cached is not None and cached[0] is raw and cached[1] == raw:
+        return cached[2]
+    snapshot = shape(**{key.lower(): value for key, value in raw.items()})
+    _SNAPSHOTS[name] = (raw, dict(raw), snapshot)
+    return snapshot
+
+
 def protocol() -> ProtocolSettings:
-    """Return the current protocol settings (a fresh, immutable snapshot)."""
-    raw = settings.QINGLONG
-    return ProtocolSettings(**{key.lower(): value for key, value in raw.items()})
+    """Return the current protocol settings (an immutable snapshot of ``settings.QINGLONG``)."""
+    return _snapshot("QINGLONG", ProtocolSettings)
 
 
 def is_cluster() -> bool:
@@ -81,6 +98,5 @@ class OutputSettings:
 
 
 def output() -> OutputSettings:
-    """Return the current job output settings (a fresh, immutable snapshot)."""
-    raw = settings.QINGLONG_OUTPUT
-    return OutputSettings(**{key.lower(): value for key, value in raw.items()})
+    """Return the current job output settings (an immutable snapshot of ``settings.QINGLONG_OUTPUT``)."""
+    return _snapshot("QINGLONG_OUTPUT", OutputSettings)

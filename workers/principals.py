@@ -14,6 +14,18 @@ Two small stores in the Django cache back worker authentication (``api.auth``):
 
 With warm caches, resolving a request's principal and binding it runs no database query
 (ADR-0012 §1: a body/principal mismatch is refused before any repository access).
+
+With the project's Redis cache (cluster profile) both also live in this process's memory, so a
+warm request reads neither from Redis:
+
+* a session's owner never changes: once known it is kept (:func:`session_owner`);
+* a credential is kept at most ``CREDENTIAL_CACHE_SECONDS`` together with the *version* its
+  Redis key ``worker-credential-version:<keyid>`` had when it was read. Every change evicts the
+  credential and writes a new version (:func:`forget_credentials`); the version rides the
+  request's nonce round trip (``core.cache.RedisCache.add_count_and_read``), and a request whose
+  credential's version moved is judged again from Redis and the database
+  (:meth:`CredentialStamp.current`) — so a revocation on any replica is refused on the next
+  request on every replica, as without this layer (``api.auth``).
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import hashlib
 import logging
 import os
 import secrets
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +55,16 @@ log = logging.getLogger("qinglong.auth")
 
 _CREDENTIAL_KEY = "worker-credential:{}:{}"
 _SESSION_OWNER_KEY = "worker-session-owner:{}"
+_VERSION_KEY = "worker-credential-version:{}"
 #: Session ownership never changes; a day keeps the hot set warm without growing for ever.
 SESSION_OWNER_CACHE_SECONDS = 24 * 3600
+#: Most entries of each in-process layer; a full layer is emptied (it refills from Redis).
+LOCAL_ENTRIES = 20_000
+
+#: {full cache key: (credential, version read with it, monotonic time read)} of this process.
+_LOCAL_CREDENTIALS: dict[str, tuple[_Credential, int | None, float]] = {}
+#: {full cache key: worker id} of this process: sessions never change owner.
+_LOCAL_OWNERS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,39 @@ class _Credential:
     state: str
     not_after: float | None
     worker_state: str
+
+
+def _local_layer() -> bool:
+    """Whether credentials and session owners are also kept in process (the project's Redis
+    cache, whose nonce round trip can read a credential's version; ``core.cache``)."""
+    return hasattr(cache, "add_count_and_read") and cache_is_shared()
+
+
+def _remember_locally(layer: dict, key: str, value) -> None:
+    if len(layer) >= LOCAL_ENTRIES:
+        layer.clear()
+    layer[key] = value
+
+
+@dataclass(frozen=True)
+class CredentialStamp:
+    """Which version of a credential a request was authenticated with (in-process layer only)."""
+
+    key_id: str
+    version: int | None
+
+    @property
+    def version_key(self) -> str:
+        """The cache key of the credential's version (read in the request's nonce round trip)."""
+        return _VERSION_KEY.format(self.key_id)
+
+    def current(self, version: int | None) -> bool:
+        """True when ``version`` (read after the signature verified) is the one the credential
+        was read with; else the in-process copy is dropped and the caller must resolve again."""
+        if version == self.version:
+            return True
+        _LOCAL_CREDENTIALS.pop(cache.make_key(_credential_key(self.key_id)), None)
+        return False
 
 
 def cache_is_shared() -> bool:
@@ -123,6 +177,29 @@ def _load_credential(key_id: str) -> _Credential | None:
     cached = cache.get(key)
     if cached is not None:
         return cached or None  # "" caches an unknown key id
+    return _credential_from_database(key_id, key)
+
+
+def _load_credential_locally(key_id: str) -> tuple[_Credential | None, CredentialStamp]:
+    """The credential from this process's layer, else from Redis (with its version, one round
+    trip) or the database; an unknown key id is never kept in process."""
+    key = _credential_key(key_id)
+    local_key = cache.make_key(key)
+    entry = _LOCAL_CREDENTIALS.get(local_key)
+    if entry is not None and time.monotonic() - entry[2] < protocol().credential_cache_seconds:
+        return entry[0], CredentialStamp(key_id, entry[1])
+    read_at = time.monotonic()
+    found = cache.get_many([key, _VERSION_KEY.format(key_id)])
+    version = found.get(_VERSION_KEY.format(key_id))
+    credential = found.get(key)
+    if credential is None:
+        credential = _credential_from_database(key_id, key)
+    if credential:
+        _remember_locally(_LOCAL_CREDENTIALS, local_key, (credential, version, read_at))
+    return credential or None, CredentialStamp(key_id, version)
+
+
+def _credential_from_database(key_id: str, key: str) -> _Credential | None:
     row = WorkerCredential.objects.select_related("worker").filter(pk=key_id).first()
     if row is None:
         cache.set(key, "", timeout=protocol().credential_cache_seconds)
@@ -143,13 +220,23 @@ def forget_credentials(credential_ids: list[str]) -> None:
     """Evict credentials from every process's cache; call it on commit of a credential change.
 
     ``credential_ids``: the changed credentials' ids (RFC 9421 keyids). With a shared cache the
-    keys are deleted for all replicas; with per-process caches the epoch file is rewritten too,
+    keys are deleted for all replicas and each credential gets a new version (which ends every
+    replica's copy in memory on its next request); with per-process caches the epoch file is rewritten too,
     so other processes of the installation (``manage.py serve`` when a command revoked) stop
     trusting what they cached (ADR-0012 §1: a revoked credential fails on the next request).
     Never raises: an unwritable state directory is logged, and other processes then notice
     within ``CREDENTIAL_CACHE_SECONDS``.
     """
-    cache.delete_many([_credential_key(key_id) for key_id in credential_ids])
+    keys = [_credential_key(key_id) for key_id in credential_ids]
+    if cache_is_shared():
+        # A new version for every replica's in-process copy to notice; it outlives any copy.
+        lifetime = 2 * protocol().credential_cache_seconds + 60
+        cache.set_many(
+            {_VERSION_KEY.format(key_id): secrets.randbits(62) for key_id in credential_ids}, lifetime
+        )
+        for key in keys:
+            _LOCAL_CREDENTIALS.pop(cache.make_key(key), None)
+    cache.delete_many(keys)
     if not cache_is_shared():
         _bump_credential_epoch()
 
@@ -159,9 +246,17 @@ def forget_credentials(credential_ids: list[str]) -> None:
 trusted_key = functools.lru_cache(maxsize=4096)(worker_public_key)
 
 
-def resolve_credential(key_id: str, *, now: float) -> tuple[WorkerPrincipal, str]:
-    """The principal and the stored public key (text) for ``key_id``; raises as :func:`principal_for`."""
-    credential = _load_credential(key_id)
+def resolve_credential(
+    key_id: str, *, now: float, local: bool = False
+) -> tuple[WorkerPrincipal, str, CredentialStamp | None]:
+    """The principal, the stored public key (text) and — when ``local`` and the in-process layer
+    exists — the :class:`CredentialStamp` whose version the caller must check after the
+    request's nonce round trip (``api.auth``); raises as :func:`principal_for`."""
+    stamp = None
+    if local and _local_layer():
+        credential, stamp = _load_credential_locally(key_id)
+    else:
+        credential = _load_credential(key_id)
     if credential is None:
         raise ProtocolError("credential_unknown", "no credential has this keyid")
     if credential.state == CredentialState.REVOKED or credential.worker_state == WorkerState.REVOKED:
@@ -171,7 +266,7 @@ def resolve_credential(key_id: str, *, now: float) -> tuple[WorkerPrincipal, str
     principal = WorkerPrincipal(
         worker_id=uuid.UUID(credential.worker_id), worker_name=credential.worker_name, credential_id=key_id
     )
-    return principal, credential.public_key
+    return principal, credential.public_key, stamp
 
 
 def principal_for(key_id: str, *, now: float) -> WorkerPrincipal:
@@ -193,7 +288,10 @@ def remember_session_owner(session_id: uuid.UUID | str, worker_id: uuid.UUID | s
     Kept ``SESSION_OWNER_CACHE_SECONDS`` (a session never changes owner), so principal binding
     (ADR-0012 §1) can refuse another worker's session id without a query. Raises nothing.
     """
-    cache.set(_SESSION_OWNER_KEY.format(session_id), str(worker_id), timeout=SESSION_OWNER_CACHE_SECONDS)
+    key = _SESSION_OWNER_KEY.format(session_id)
+    cache.set(key, str(worker_id), timeout=SESSION_OWNER_CACHE_SECONDS)
+    if _local_layer():
+        _remember_locally(_LOCAL_OWNERS, cache.make_key(key), str(worker_id))
 
 
 def session_owner(session_id: object) -> str | None:
@@ -201,16 +299,23 @@ def session_owner(session_id: object) -> str | None:
 
     ``session_id``: anything a body or path carried; a value that is not a UUID string returns
     None (the serializer then refuses it by field). A cache hit runs no query; a miss runs one
-    primary-key lookup and caches the answer, since a session never changes owner. Raises
-    nothing but database errors.
+    primary-key lookup and caches the answer, since a session never changes owner; with the
+    in-process layer a known owner is answered from memory. Raises nothing but database errors.
     """
     try:
         parsed = uuid.UUID(str(session_id))
     except (TypeError, ValueError, AttributeError):
         return None
     key = _SESSION_OWNER_KEY.format(parsed)
+    local = _local_layer()
+    if local:
+        owner = _LOCAL_OWNERS.get(cache.make_key(key))
+        if owner is not None:
+            return owner
     owner = cache.get(key)
     if owner is not None:
+        if local:
+            _remember_locally(_LOCAL_OWNERS, cache.make_key(key), owner)
         return owner
     found = WorkerSession.objects.filter(pk=parsed).values_list("worker_id", flat=True).first()
     if found is None:

@@ -9,7 +9,7 @@ from actions.leases.activation import lease_running, lease_start_failed, lease_s
 from actions.leases.claims import OfferRequest, lease_claim
 from actions.leases.completion import Completion, lease_complete
 from actions.leases.renewal import lease_release, lease_renew
-from api.base import WorkerAPIView, validated
+from api.base import WorkerAPIView, represented, validated
 from core.conf import protocol
 from leases.fence import AckResult
 from protocol import wire
@@ -18,13 +18,14 @@ from . import serializers as s
 
 
 def _ack_out(result: AckResult) -> dict:
-    return s.AckOutSerializer(
+    return represented(
+        s.AckOutSerializer,
         {
             "status": result.status,
             "lease": s.lease_out(result.lease, result.renew_interval_seconds),
             "cancelRequested": result.cancel_requested,
-        }
-    ).data
+        },
+    )
 
 
 class ClaimView(WorkerAPIView):
@@ -40,7 +41,7 @@ class ClaimView(WorkerAPIView):
             offers=[OfferRequest(o["offerId"], o["leaseToken"]) for o in data["offers"]],
         )
         out = {"offers": [s.offer_out(o) for o in offers], "pollAfterSeconds": protocol().claim_poll_seconds}
-        return Response(s.ClaimOutSerializer(out).data)
+        return Response(represented(s.ClaimOutSerializer, out))
 
 
 class StartingView(WorkerAPIView):
@@ -131,4 +132,4 @@ class CompleteView(WorkerAPIView):
             "sequence": result.sequence,
             "outcome": result.outcome,
         }
-        return Response(s.CompleteOutSerializer(out).data)
+        return Response(represented(s.CompleteOutSerializer, out))

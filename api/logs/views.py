@@ -10,7 +10,7 @@ from rest_framework.response import Response
 
 from actions.artifacts import Part, artifact_upload
 from actions.logs import Chunk, Segment, log_append
-from api.base import OperatorAPIView, WorkerAPIView, validated
+from api.base import OperatorAPIView, WorkerAPIView, represented, validated
 from core.conf import output
 from logs import selectors
 from protocol import wire
@@ -52,7 +52,7 @@ class LogAppendView(OutputWorkerView):
             "truncated": result.truncated,
             "storedBytes": result.stored_bytes,
         }
-        return Response(s.LogChunkOutSerializer(out).data)
+        return Response(represented(s.LogChunkOutSerializer, out))
 
 
 class ArtifactUploadView(OutputWorkerView):
@@ -78,7 +78,7 @@ class ArtifactUploadView(OutputWorkerView):
             "receivedBytes": result.received_bytes,
             "artifactId": result.artifact_id,
         }
-        return Response(s.ArtifactPartOutSerializer(out).data)
+        return Response(represented(s.ArtifactPartOutSerializer, out))
 
 
 LOG_HEADERS = {

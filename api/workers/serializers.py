@@ -6,7 +6,7 @@ import re
 
 from rest_framework import serializers
 
-from api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
+from api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField, represented
 from protocol import capabilities as caps
 from protocol.errors import ProtocolError
 from workers.sessions import MAX_CONCURRENT_RUNS, SessionView
@@ -94,7 +94,8 @@ class SessionOutSerializer(serializers.Serializer):
 
 def session_out(view: SessionView) -> dict:
     session = view.session
-    return SessionOutSerializer(
+    return represented(
+        SessionOutSerializer,
         {
             "workerId": session.worker_id,
             "sessionId": session.pk,
@@ -111,8 +112,8 @@ def session_out(view: SessionView) -> dict:
             "replacedSession": view.replaced_session,
             "cancelRequested": list(view.cancel_requested),
             "rotationRequired": view.rotation_required,
-        }
-    ).data
+        },
+    )
 
 
 class EnrollSerializer(StrictSerializer):

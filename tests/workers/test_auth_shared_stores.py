@@ -17,11 +17,13 @@ import time
 
 import pytest
 import redis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol import strictjson, wire
 from protocol.signing import sign_request
 from tests.agent.processes import ROOT, manage
 from tests.helpers import SignedClient, enrolled_worker, register
+from workers import principals
 
 REPLICA = """
 import json, os, sys, time
@@ -192,3 +194,88 @@ def test_the_worker_limit_counts_fresh_signed_requests_only(
         server = redis.Redis.from_url(redis_url)
         for key in server.scan_iter(match=f"{prefix}:*"):
             server.delete(key)
+
+
+def _cluster_cache(settings, redis_url: str) -> None:
+    """The cluster profile's cache as ``QINGLONG_SHARED_CACHE=1`` configures it for another process."""
+    settings.CACHES = {
+        "default": {"BACKEND": "core.cache.RedisCache", "LOCATION": redis_url, "KEY_PREFIX": "ql"}
+    }
+
+
+def _forget_keys(redis_url: str, *ids: object) -> None:
+    """Only this test's keys (they all name its credential or session): never flush a shared Redis."""
+    server = redis.Redis.from_url(redis_url)
+    for value in ids:
+        for key in server.scan_iter(match=f"ql:*{value}*"):
+            server.delete(key)
+
+
+@pytest.mark.redis
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("action", "env", "code"),
+    [
+        ("revoke", {}, "credential_revoked"),
+        # a forced rotation with no grace: the copy in memory still says "active"
+        ("rotate", {"QINGLONG_ROTATION_GRACE_SECONDS": "0"}, "credential_expired"),
+    ],
+)
+def test_a_credential_change_on_another_replica_reaches_this_replicas_memory_on_the_next_request(
+    client, settings, redis_url, action, env, code
+):
+    """This process is one cluster replica with the credential and session owner in memory
+    (``workers.principals``); the change runs in another process against the same Redis."""
+    _cluster_cache(settings, redis_url)
+    worker = enrolled_worker()
+    session = register(worker)
+    api = SignedClient(client, worker)
+    body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 2}
+    try:
+        for _ in range(2):
+            assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200
+        held = [key for key in principals._LOCAL_CREDENTIALS if key.endswith(worker.credential_id)]
+        assert held, "the credential must be held in this process's memory"
+        done = manage(
+            "worker_admin",
+            action,
+            worker.name,
+            env={"QINGLONG_SHARED_CACHE": "1", "REDIS_URL": redis_url, **env},
+        )
+        assert done.returncode == 0, done.stderr
+        assert held[0] in principals._LOCAL_CREDENTIALS  # still the stale copy: only Redis changed
+        forged = api.post(wire.SESSION_HEARTBEAT, body, key=Ed25519PrivateKey.generate())
+        assert (forged.status_code, forged.json()["code"]) == (401, code)  # what the shared stores say
+        answer = api.post(wire.SESSION_HEARTBEAT, body)
+        assert (answer.status_code, answer.json()["code"]) == (401, code)
+        assert held[0] not in principals._LOCAL_CREDENTIALS
+        again = api.post(wire.SESSION_HEARTBEAT, body)
+        assert (again.status_code, again.json()["code"]) == (401, code)
+    finally:
+        _forget_keys(redis_url, worker.credential_id, session.session_id)
+
+
+@pytest.mark.redis
+@pytest.mark.django_db
+def test_a_warm_replica_authenticates_and_binds_from_memory(client, settings, redis_url, monkeypatch):
+    """With the credential and the session owner in memory, the only Redis command of a signed
+    request is the nonce round trip (which also reads the credential's version)."""
+    _cluster_cache(settings, redis_url)
+    worker = enrolled_worker()
+    session = register(worker)
+    api = SignedClient(client, worker)
+    body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 2}
+    try:
+        assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200
+        commands: list[str] = []
+        execute = redis.Redis.execute_command
+
+        def counted(self, *args, **kwargs):
+            commands.append(str(args[0]))
+            return execute(self, *args, **kwargs)
+
+        monkeypatch.setattr(redis.Redis, "execute_command", counted)
+        assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200
+        assert commands == ["EVALSHA"]
+    finally:
+        _forget_keys(redis_url, worker.credential_id, session.session_id)
