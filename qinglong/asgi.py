@@ -1,5 +1,11 @@
 """ASGI entry point (``manage.py serve`` runs it under Granian): Django behind ``RequestGuard``.
 
+Every request but the waiting ones runs Django's WSGI handler on a fixed pool of threads (a2wsgi's
+``WSGIMiddleware``), one per request slot. Django's own ASGI handler would run each request's
+synchronous code in a thread made for that request (a ``ThreadSensitiveContext`` each): measured
+with bench-claim's signed-HTTP loops on 2 cores, the pooled threads serve about 1.5× as many
+(docs/performance.md), and a thread keeps its Redis client and cache objects between requests.
+
 The guard enforces the limits the server does not (header count, body size and read deadline,
 requests inside Django at once; ``qinglong.serving``), configured by ``settings.QINGLONG_SERVER``.
 
@@ -24,10 +30,11 @@ are held (docs/deploy.md, "Waiting claims").
 import gc
 import os
 
+from a2wsgi import WSGIMiddleware
 from django.conf import settings
-from django.core.asgi import get_asgi_application
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
+from django.core.wsgi import get_wsgi_application
 from django.urls import get_resolver
 
 from protocol import wire
@@ -35,7 +42,13 @@ from qinglong.serving import RequestGuard, exit_with_parent
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qinglong.settings")
 exit_with_parent()  # a server process of `manage.py serve` never outlives it
-django_application = get_asgi_application()  # sets Django up: the app modules import after it
+#: Every request but the waiting ones: Django's WSGI handler on a fixed pool of threads, as many as
+#: the request slots (``RequestGuard`` lets no more in at once). Building it sets Django up: the
+#: app modules import after it.
+django_application = WSGIMiddleware(
+    get_wsgi_application(),  # type: ignore[arg-type]  # django-stubs types the answer, not an iterable
+    workers=settings.QINGLONG_SERVER["MAX_ACTIVE_REQUESTS"],
+)
 
 from api.observability import ObservabilityMiddleware  # noqa: E402 - needs the app registry
 

@@ -118,8 +118,8 @@ def check_agent_version_policy(app_configs, **kwargs):
 
 @checks.register(checks.Tags.database)
 def check_connection_pool(app_configs, **kwargs):
-    """A server process's pool (``manage.py serve``, docs/deploy.md "Database connections under
-    ASGI") must have a connection for each request slot and each waiting-claim thread — as many
+    """A server process's pool (``manage.py serve``, docs/deploy.md "Threads and database
+    connections") must have a connection for each request slot and each waiting-claim thread — as many
     threads as slots, ``QINGLONG_MAX_ACTIVE_REQUESTS`` each. With fewer, a request that got its
     slot waits for a connection and answers 503 ``database_unavailable`` while the database is up.
     """

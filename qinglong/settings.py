@@ -140,13 +140,12 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
     _request_slots = env.int("QINGLONG_MAX_ACTIVE_REQUESTS", default=8)  # QINGLONG_SERVER's, below
     if env.bool("QINGLONG_SERVE_DB_POOL", default=False):  # core.conf.SERVE_DB_POOL_VARIABLE
         # Set by `manage.py serve` for its server processes only (spawned, never forked: a pool
-        # does not survive a fork). Under ASGI every request runs in a thread of its own, so
-        # without a pool each request would open a PostgreSQL connection (docs/deploy.md,
-        # "Database connections under ASGI"). The pool checks a connection before handing it
-        # out (CONN_HEALTH_CHECKS) and gives up a reconnection after `reconnect_timeout`
-        # seconds, so after an outage a connection is tried again at most that long after the
-        # database is back — well within a session lease — instead of after psycopg_pool's
-        # doubling backoff of up to five minutes.
+        # does not survive a fork), shared by the request threads and the waiting claims'
+        # threads (docs/deploy.md, "Threads and database connections"). It checks a connection
+        # before handing it out (CONN_HEALTH_CHECKS) and gives up a reconnection after
+        # `reconnect_timeout` seconds, so after an outage a connection is tried again at most
+        # that long after the database is back — well within a session lease — instead of after
+        # psycopg_pool's doubling backoff of up to five minutes.
         _db["CONN_MAX_AGE"] = 0  # the pool keeps the connections; Django must not
         _db["OPTIONS"]["pool"] = {
             "name": "qinglong",

@@ -1,5 +1,5 @@
 """The server processes' connection pool holds one connection for each request slot and each
-waiting-claim thread (docs/deploy.md, "Database connections under ASGI": "each request slot and
+waiting-claim thread (docs/deploy.md, "Threads and database connections": "each request slot and
 each waiting-claim thread holds at most one while it works: 8 + 8 by default").
 
 Both thread counts follow ``QINGLONG_MAX_ACTIVE_REQUESTS`` (``manage.py serve --threads``), the
