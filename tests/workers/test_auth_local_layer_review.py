@@ -131,3 +131,35 @@ def test_a_credential_read_between_the_new_version_and_the_eviction_is_not_kept_
     finally:
         _forget_keys(redis_url, worker.credential_id, session.session_id)
         principals._LOCAL_CREDENTIALS.clear()
+
+
+@pytest.mark.redis
+@pytest.mark.django_db
+def test_a_warm_replica_answers_503_when_redis_is_down_and_accepts_nothing_from_memory(
+    client, settings, redis_url
+):
+    """Held: with the credential and the session owner in memory, a request while Redis is
+    unreachable is answered 503 ``cache_unavailable`` (the nonce cannot be checked), not accepted."""
+    _cluster_cache(settings, redis_url)
+    worker = enrolled_worker()
+    session = register(worker)
+    api = SignedClient(client, worker)
+    body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 2}
+    try:
+        assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200
+        assert any(key.endswith(worker.credential_id) for key in principals._LOCAL_CREDENTIALS)
+        settings.CACHES = {  # the same keys, on a port nothing listens on (Redis down)
+            "default": {
+                "BACKEND": "core.cache.RedisCache",
+                "LOCATION": "redis://127.0.0.1:1/15",
+                "KEY_PREFIX": "ql",
+                "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+            }
+        }
+        assert any(key.endswith(worker.credential_id) for key in principals._LOCAL_CREDENTIALS)
+        answer = api.post(wire.SESSION_HEARTBEAT, body)
+        assert (answer.status_code, answer.json().get("code")) == (503, "cache_unavailable")
+    finally:
+        _cluster_cache(settings, redis_url)
+        _forget_keys(redis_url, worker.credential_id, session.session_id)
+        principals._LOCAL_CREDENTIALS.clear()
