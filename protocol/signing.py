@@ -76,8 +76,12 @@ _CANONICAL_INPUT = re.compile(
     + r'")\Z'
 )
 _CANONICAL_SIGNATURE = re.compile(LABEL + r"=:([A-Za-z0-9+/]{86}==):\Z")
-#: A path and query the library takes as they are (no space, fragment or control character).
-_PLAIN_TARGET = re.compile(r"(/[A-Za-z0-9/._~%!$&'()*+,;=:@-]*)(?:\?([A-Za-z0-9/._~%!$&'()*+,;=:@?-]*))?\Z")
+#: A path and query the library takes as they are (no space, fragment or control character; a
+#: ``%`` only as a percent-encoded octet, as the library requires).
+_PLAIN_TARGET = re.compile(
+    r"(/(?:[A-Za-z0-9/._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})*)"
+    r"(?:\?((?:[A-Za-z0-9/._~!$&'()*+,;=:@?-]|%[0-9A-Fa-f]{2})*))?\Z"
+)
 #: Placeholder authority: ``@authority`` is not covered (proxies rewrite Host), so any fixed host works.
 _AUTHORITY = "https://worker.invalid"
 

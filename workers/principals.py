@@ -120,7 +120,7 @@ class CredentialStamp:
     def current(self, version: int | None) -> bool:
         """True when ``version`` (read after the signature verified) is the one the credential
         was read with; else the in-process copy is dropped and the caller must resolve again."""
-        if version == self.version:
+        if self.version is not None and version == self.version:  # no version: nothing proves it
             return True
         _LOCAL_CREDENTIALS.pop(cache.make_key(_credential_key(self.key_id)), None)
         return False
@@ -189,11 +189,18 @@ def _load_credential_locally(key_id: str) -> tuple[_Credential | None, Credentia
     if entry is not None and time.monotonic() - entry[2] < protocol().credential_cache_seconds:
         return entry[0], CredentialStamp(key_id, entry[1])
     read_at = time.monotonic()
-    found = cache.get_many([key, _VERSION_KEY.format(key_id)])
-    version = found.get(_VERSION_KEY.format(key_id))
+    version_key = _VERSION_KEY.format(key_id)
+    found = cache.get_many([key, version_key])
+    version = found.get(version_key)
     credential = found.get(key)
     if credential is None:
         credential = _credential_from_database(key_id, key)
+    if credential and version is None:
+        # No version yet (none written for a while): make one, so that a later change — or the
+        # key's loss — moves it. Only a version this read created is trusted: if a change wrote
+        # one in between, the copy is not current and each request is judged again.
+        mine = secrets.randbits(62)
+        version = mine if cache.add(version_key, mine, _version_lifetime()) else None
     if credential:
         _remember_locally(_LOCAL_CREDENTIALS, local_key, (credential, version, read_at))
     return credential or None, CredentialStamp(key_id, version)
@@ -228,17 +235,25 @@ def forget_credentials(credential_ids: list[str]) -> None:
     within ``CREDENTIAL_CACHE_SECONDS``.
     """
     keys = [_credential_key(key_id) for key_id in credential_ids]
+    # The shared copies go first: a process that reads between the two writes gets the database's
+    # (changed) credential with the old version, which the new version then ends — never the old
+    # credential with the new version.
+    cache.delete_many(keys)
     if cache_is_shared():
         # A new version for every replica's in-process copy to notice; it outlives any copy.
-        lifetime = 2 * protocol().credential_cache_seconds + 60
         cache.set_many(
-            {_VERSION_KEY.format(key_id): secrets.randbits(62) for key_id in credential_ids}, lifetime
+            {_VERSION_KEY.format(key_id): secrets.randbits(62) for key_id in credential_ids},
+            _version_lifetime(),
         )
         for key in keys:
             _LOCAL_CREDENTIALS.pop(cache.make_key(key), None)
-    cache.delete_many(keys)
-    if not cache_is_shared():
+    else:
         _bump_credential_epoch()
+
+
+def _version_lifetime() -> int:
+    """Seconds a credential's version key lives: longer than any in-process copy."""
+    return 2 * protocol().credential_cache_seconds + 60
 
 
 #: A credential's key never changes: parse and vet it (libsodium's point check) once per

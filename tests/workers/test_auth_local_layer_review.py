@@ -1,4 +1,4 @@
-"""Review of issue 13 point 3 (failing): the credential kept in a replica's memory
+"""Review of issue 13 point 3 (both fixed: a copy is trusted only with a version its own read created or read, and a change deletes the shared copy before it writes the new version): the credential kept in a replica's memory
 (``workers.principals``, cluster profile) outlives a revocation when its version key in Redis
 does not say the credential moved.
 
