@@ -1,6 +1,7 @@
-"""Review of issue 13 point 3 (both fixed: a copy is trusted only with a version its own read created or read, and a change deletes the shared copy before it writes the new version): the credential kept in a replica's memory
-(``workers.principals``, cluster profile) outlives a revocation when its version key in Redis
-does not say the credential moved.
+"""Review of issue 13 point 3 (both fixed since: a copy is trusted only with a version it read or
+created, and a change deletes the shared copy before writing the new version): the credential
+kept in a replica's memory (``workers.principals``, cluster profile) outlived a revocation when
+its version key in Redis did not say the credential moved.
 
 The in-process copy is trusted while the version read in the nonce round trip equals the one it
 was read with. Two ways the two agree although the credential was revoked:
