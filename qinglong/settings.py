@@ -110,6 +110,10 @@ TEMPLATES = [
     },
 ]
 
+# Requests inside Django's synchronous code at once, per server process (a thread each; also
+# as many waiting-claim threads): QINGLONG_SERVER's, and what the connection pool is sized by.
+_request_slots = env.int("QINGLONG_MAX_ACTIVE_REQUESTS", default=8)
+
 # --- storage -----------------------------------------------------------------------------------
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'qinglong.sqlite3'}"),
@@ -137,7 +141,6 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
     _db["OPTIONS"]["options"] = f"-c lock_timeout={env.int('QINGLONG_PG_LOCK_TIMEOUT_MS', default=5000)}"
     _db["CONN_MAX_AGE"] = env.int("QINGLONG_DB_CONN_MAX_AGE", default=60)
     _db["CONN_HEALTH_CHECKS"] = True
-    _request_slots = env.int("QINGLONG_MAX_ACTIVE_REQUESTS", default=8)  # QINGLONG_SERVER's, below
     if env.bool("QINGLONG_SERVE_DB_POOL", default=False):  # core.conf.SERVE_DB_POOL_VARIABLE
         # Set by `manage.py serve` for its server processes only (spawned, never forked: a pool
         # does not survive a fork), shared by the request threads and the waiting claims'
@@ -395,8 +398,7 @@ QINGLONG_SERVER = {
     # Any body (413 beyond): the operator API's largest limit (96 KiB) plus headroom; the
     # per-endpoint limits (api.middleware.BodyLimitMiddleware) are smaller.
     "MAX_BODY_BYTES": env.int("QINGLONG_MAX_BODY_BYTES", default=128 * 1024),
-    # Requests inside Django's synchronous code at once, per process (a thread each).
-    "MAX_ACTIVE_REQUESTS": env.int("QINGLONG_MAX_ACTIVE_REQUESTS", default=8),
+    "MAX_ACTIVE_REQUESTS": _request_slots,
 }
 
 # --- health and metrics (api.health, api.metrics; docs/operations.md) ------------------------------

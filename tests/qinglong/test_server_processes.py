@@ -19,6 +19,7 @@ from django.db import connection
 from agent.client import Client
 from protocol import wire
 from tests.agent.processes import ControlPlane, wait_for
+from tests.agent.unit.test_guard import alive
 from tests.helpers import enrolled_worker, register
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -31,14 +32,6 @@ def children_of(pid: int) -> list[int]:
         with open(f"/proc/{pid}/task/{task}/children") as listing:
             found += [int(child) for child in listing.read().split()]
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
 
 
 def test_a_serve_killed_with_sigkill_takes_its_server_processes_with_it(tmp_path):
