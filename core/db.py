@@ -30,12 +30,14 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import ParamSpec, TypeVar
 
+import psycopg
 from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
@@ -119,16 +121,36 @@ def _before_retry(retry_state: RetryCallState, service: str) -> None:
     _log_retry(retry_state, service)
 
 
-def write_path(fn: Callable[P, R]) -> Callable[P, R]:
+def write_path(
+    fn: Callable[P, R] | None = None, *, database_path: Callable[P, R | None] | None = None
+) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Run ``fn`` as one durable transaction with a bounded, jittered retry on transient races.
+
+    Use as ``@write_path`` or ``@write_path(database_path=g)``. ``g`` (PostgreSQL only) takes the
+    same arguments as ``fn`` and does the common case with one statement — a call of a server
+    function — answering ``fn``'s result, or None when it wrote nothing and ``fn`` must answer.
+    It runs first, outside ``transaction.atomic``: on an autocommit connection the statement is
+    its own transaction, one round trip with no ``BEGIN``/``COMMIT`` and no row lock held while
+    the client is scheduled (docs/performance.md). Inside a caller's transaction (tests) it simply
+    joins it. Both share the retry below, and ``fn`` runs in its own transaction after a None.
 
     Attempts: ``QINGLONG_SQLITE_BUSY_RETRIES`` (at least 1) in total, with a full-jitter
     exponential wait between them (20 ms base, at most 0.5 s each). Errors raised: whatever ``fn``
-    raises; ``DomainError("storage_busy")`` (503, ``Retry-After: 1``) once the attempts are spent
-    on ``database is locked``, a PostgreSQL deadlock/serialization failure or a
+    (or ``g``) raises; ``DomainError("storage_busy")`` (503, ``Retry-After: 1``) once the attempts
+    are spent on ``database is locked``, a PostgreSQL deadlock/serialization failure or a
     :class:`UniqueRace`; ``DomainError("lock_timeout")`` (503) when PostgreSQL refuses a lock
     after ``lock_timeout`` (not retried: the lock holder is slow, not racing). ADR-0012 §6.
     """
+    if fn is None:
+        return functools.partial(write_path, database_path=database_path)
+
+    def once(args, kwargs) -> R:
+        if database_path is not None and connection.vendor == "postgresql":
+            outcome = database_path(*args, **kwargs)
+            if outcome is not None:
+                return outcome
+        with _sqlite_writer_turn(), transaction.atomic(durable=True):
+            return fn(*args, **kwargs)
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -142,8 +164,7 @@ def write_path(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             for attempt in retrying:
                 with attempt:
-                    with _sqlite_writer_turn(), transaction.atomic(durable=True):
-                        outcome = fn(*args, **kwargs)
+                    outcome = once(args, kwargs)
         except OperationalError as exc:
             if _sqlstate(exc) == _PG_LOCK_NOT_AVAILABLE:
                 raise DomainError(
@@ -186,3 +207,34 @@ def db_now() -> datetime:
 def is_unique_violation(exc: IntegrityError) -> bool:
     """True when an IntegrityError is a unique-constraint race (for callers that map it)."""
     return _sqlstate(exc) == "23505" or "UNIQUE constraint failed" in str(exc)
+
+
+def call_function(sql: str, params: list) -> tuple:
+    """PostgreSQL: run ``sql`` (one ``SELECT f(%s, …)``, …) and return its one row; for the hot
+    paths' server functions (docs/performance.md, "Where the time goes").
+
+    The statement is bound on the server and prepared once per connection (psycopg's
+    ``prepare=True``): a claim's arrays, digests and spec templates are never quoted into SQL text
+    in Python (parameters and result travel in the binary format: no escaping of a template's
+    quotes), and the server neither parses nor plans the call again. It runs in the caller's
+    transaction, errors surface as Django's database errors (so :func:`write_path` retries and maps
+    them as for any statement), and it is recorded in ``connection.queries`` when queries are
+    logged, so the query-count budgets still count it. ``params``: psycopg-adaptable values
+    (lists → arrays, ``timedelta`` → interval).
+    """
+    connection.ensure_connection()
+    started = time.monotonic()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql.replace("%s", "%b"), params, prepare=True, binary=True)
+        row = cursor.fetchone()
+    if connection.queries_logged:
+        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+    return row
+
+
+def typed_call(function: str, types: str) -> str:
+    """``SELECT function(%s::t1, %s::t2, …)`` for :func:`call_function`: every parameter cast to the
+    function's argument type (``types``: the comma-separated list, as ``\\df`` shows it), since a
+    parameter bound in the binary format carries its own type (a ``str`` is ``text``, not a UUID)."""
+    casts = ", ".join(f"%s::{kind.strip()}" for kind in types.split(","))
+    return f"SELECT {function}({casts})"

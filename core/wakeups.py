@@ -10,11 +10,16 @@ calls one of the two functions below inside its transaction:
   replaced, expired or went offline, the worker was revoked, one of its leases ended — capacity
   freed — or a run it holds was asked to cancel).
 
-On PostgreSQL the wake-up is ``pg_notify`` on :data:`CHANNEL` inside the transaction: PostgreSQL
-delivers it to every listening connection (every replica's waiters, ``api.waiting``) only when
-the transaction commits, never for a rollback. On SQLite (the single standalone process) it is
-an in-process call to the subscribers, made by ``transaction.on_commit``. Wake-ups are hints:
-a lost one costs latency, never correctness (waiters re-check on a slow timer).
+Both stores send a transaction's wake-ups once it has committed (``transaction.on_commit``),
+never for a rollback; outside a transaction, at once. On PostgreSQL they are ``pg_notify`` on
+:data:`CHANNEL`, all of one transaction in one statement of their own (:func:`notify`), which
+PostgreSQL delivers to every listening connection (every replica's waiters, ``api.waiting``). That
+statement's commit does not wait for the disk (``synchronous_commit`` off for it alone): a
+``NOTIFY`` holds one lock for the whole database from its commit until the commit is flushed, so
+a notification inside a durable write transaction would queue every notifying commit behind the
+one before it and its flush (docs/performance.md). On SQLite (the single standalone process) it
+is an in-process call to the subscribers. Wake-ups are hints: a lost one costs latency, never
+correctness (waiters re-check on a slow timer).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import uuid
 from collections.abc import Callable
 
 from django.db import connection, transaction
+
+from core.db import call_function
 
 log = logging.getLogger(__name__)
 
@@ -62,19 +69,67 @@ def publish_local(payload: str) -> None:
             log.exception("wake-up subscriber failed")
 
 
-def _emit(payload: str) -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+#: One statement sends a list of payloads; its commit alone is asynchronous (see above).
+_NOTIFY_SQL = (
+    "SELECT count(pg_notify(%s::text, payload)), set_config('synchronous_commit', 'off', true)"
+    " FROM unnest(%s::text[]) AS payload"
+)
+
+
+class _Batch:
+    """The wake-ups of one transaction, sent by one on-commit callback (:meth:`send`)."""
+
+    def __init__(self, payloads: list[str] | None = None) -> None:
+        self.payloads: list[str] = payloads or []
+
+    def send(self) -> None:
+        if connection.vendor == "postgresql":
+            notify(self.payloads)
+        else:
+            for payload in dict.fromkeys(self.payloads):
+                publish_local(payload)
+
+    def registered(self) -> bool:
+        """Whether :meth:`send` still waits for this thread's transaction to commit (it is gone
+        once the transaction or the savepoint that registered it ended)."""
+        return any(entry[1] == self.send for entry in connection.run_on_commit)
+
+
+_batches = threading.local()
+
+
+def notify(payloads: list[str]) -> None:
+    """PostgreSQL: send ``payloads`` (each once) now, as one statement that is its own transaction
+    (or joins the caller's, whose commit then delivers them). Errors are logged, never raised: a
+    wake-up is a hint and the write it follows has committed."""
+    try:
+        call_function(_NOTIFY_SQL, [CHANNEL, list(dict.fromkeys(payloads))])
+    except Exception:
+        log.warning("wake-ups not sent (%d); waiters find the change on their re-check", len(payloads))
+
+
+def _emit(payloads: list[str]) -> None:
+    if not connection.in_atomic_block:
+        _Batch(payloads).send()
     else:
-        transaction.on_commit(lambda: publish_local(payload))
+        batch = getattr(_batches, "current", None)
+        if batch is None or not batch.registered():
+            _batches.current = batch = _Batch()
+            transaction.on_commit(batch.send, robust=True)
+        batch.payloads.extend(payloads)
 
 
 def work_ready(placement_sha256: str) -> None:
     """On commit, wake waiters that can run work of this placement class (64 hex digits)."""
-    _emit(WORK_PREFIX + placement_sha256)
+    _emit([WORK_PREFIX + placement_sha256])
 
 
 def worker_changed(worker_id: uuid.UUID | str) -> None:
     """On commit, wake this worker's waiting requests (they re-check fence, capacity, cancels)."""
-    _emit(WORKER_PREFIX + str(worker_id))
+    _emit([WORKER_PREFIX + str(worker_id)])
+
+
+def worker_and_work(worker_id: uuid.UUID | str, placement_sha256: str) -> None:
+    """:func:`worker_changed` and :func:`work_ready` together (one statement on PostgreSQL): a
+    lease that ended before its attempt started frees the worker's capacity and requeues work."""
+    _emit([WORKER_PREFIX + str(worker_id), WORK_PREFIX + placement_sha256])

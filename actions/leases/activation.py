@@ -11,11 +11,9 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
-
 from audit.models import ActorType
 from core.conf import protocol
-from core.db import write_path
+from core.db import call_function, typed_call, write_path
 from core.errors import DomainError
 from leases.fence import (
     AckResult,
@@ -74,7 +72,36 @@ def _fence_ack(
     return ctx
 
 
-@write_path
+def _starting_first(
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    offer_id: uuid.UUID,
+    lease_version: int,
+) -> AckResult | None:
+    """:func:`lease_starting`'s database path (``core.db.write_path``)."""
+    return _ack_in_database(
+        worker_id,
+        session_id,
+        generation,
+        attempt_id,
+        lease_generation,
+        lease_token,
+        offer_id,
+        lease_version,
+        AttemptState.STARTING,
+        timedelta(seconds=protocol().run_lease_seconds),
+        None,
+        None,
+        "",
+    )
+
+
+@write_path(database_path=_starting_first)
 def lease_starting(
     *,
     worker_id: uuid.UUID,
@@ -99,31 +126,14 @@ def lease_starting(
     once swept): the timeout's outcome stands. ``cancel_requested`` tells the worker not to start
     (it then sends the ``cancelled`` start failure).
 
-    PostgreSQL: one round trip (``ql_lease_ack``, migration leases 0006) for the ACK that moves the
-    attempt; a refusal or a repeated ACK is answered by the Python path below.
+    PostgreSQL: one round trip, its own transaction (``ql_lease_ack``, migration leases 0006, as
+    ``core.db.write_path``'s database path) for the ACK that moves the attempt; a refusal or a
+    repeated ACK is answered by the Python path below.
 
     Raises: fence codes, ``lease_offer_conflict``, ``lease_version_conflict``, ``lease_expired``,
     ``lease_released``, ``lease_completed``, ``lock_timeout``.
     """
     run_lease = timedelta(seconds=protocol().run_lease_seconds)
-    if connection.vendor == "postgresql":
-        done = _ack_in_database(
-            worker_id,
-            session_id,
-            generation,
-            attempt_id,
-            lease_generation,
-            lease_token,
-            offer_id,
-            lease_version,
-            AttemptState.STARTING,
-            run_lease,
-            None,
-            None,
-            "",
-        )
-        if done is not None:
-            return done
     ctx = _fence_ack(
         worker_id=worker_id,
         session_id=session_id,
@@ -152,7 +162,45 @@ def lease_starting(
     return AckResult("starting", lease, cancel, renew_interval())
 
 
-@write_path
+def _check_handle(executor_handle: str) -> None:
+    if len(executor_handle) > MAX_HANDLE:
+        raise DomainError("validation_failed", f"at most {MAX_HANDLE} characters", field="executorHandle")
+
+
+def _running_first(
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    offer_id: uuid.UUID,
+    lease_version: int,
+    pid: int,
+    pgid: int | None,
+    executor_handle: str,
+) -> AckResult | None:
+    """:func:`lease_running`'s database path (``core.db.write_path``)."""
+    _check_handle(executor_handle)
+    return _ack_in_database(
+        worker_id,
+        session_id,
+        generation,
+        attempt_id,
+        lease_generation,
+        lease_token,
+        offer_id,
+        lease_version,
+        AttemptState.RUNNING,
+        None,
+        pid,
+        pgid,
+        executor_handle,
+    )
+
+
+@write_path(database_path=_running_first)
 def lease_running(
     *,
     worker_id: uuid.UUID,
@@ -179,33 +227,14 @@ def lease_running(
     (the handle is checked the same way on every later ACK); without a prior starting ACK it is
     ``attempt_not_started``.
 
-    PostgreSQL: one round trip (``ql_lease_ack``, migration leases 0006) for the ACK that moves the
-    attempt and run; a refusal, a repeated ACK or a handle to compare is answered by the Python
-    path below.
+    PostgreSQL: one round trip, its own transaction (``ql_lease_ack``, migration leases 0006, as
+    ``core.db.write_path``'s database path) for the ACK that moves the attempt and run; a refusal,
+    a repeated ACK or a handle to compare is answered by the Python path below.
 
     Raises: as :func:`lease_starting`, plus ``validation_failed`` (handle too long),
     ``executor_handle_mismatch``, ``attempt_not_started``.
     """
-    if len(executor_handle) > MAX_HANDLE:
-        raise DomainError("validation_failed", f"at most {MAX_HANDLE} characters", field="executorHandle")
-    if connection.vendor == "postgresql":
-        done = _ack_in_database(
-            worker_id,
-            session_id,
-            generation,
-            attempt_id,
-            lease_generation,
-            lease_token,
-            offer_id,
-            lease_version,
-            AttemptState.RUNNING,
-            None,
-            pid,
-            pgid,
-            executor_handle,
-        )
-        if done is not None:
-            return done
+    _check_handle(executor_handle)
     ctx = _fence_ack(
         worker_id=worker_id,
         session_id=session_id,
@@ -331,9 +360,9 @@ def lease_start_failed(
     return AckResult("start_failed", lease, run.cancel_requested_at is not None, renew_interval())
 
 
-_ACK_SQL = (
-    "SELECT ql_lease_ack(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::interval, %s::bigint, %s::bigint, %s, "
-    "%s::text[])"
+_ACK_SQL = typed_call(
+    "ql_lease_ack",
+    "uuid, uuid, bigint, uuid, integer, text, uuid, integer, text, interval, bigint, bigint, text, text[]",
 )
 #: The run states the running ACK may move a run from (``runs.states``), handed to ``ql_lease_ack``.
 _RUNNING_FROM = sorted(state for state, targets in RUN_TRANSITIONS.items() if RunState.RUNNING in targets)
@@ -358,9 +387,9 @@ def _ack_in_database(
     running, with the process) in one call of ``ql_lease_ack``; None: the Python path answers.
 
     The function writes only when the ACK moves the attempt; on any other case it has written
-    nothing and the caller's Python path (same transaction, locks already held) answers with its
-    codes. A success also tells this process the attempt's revision and number, which the
-    completion's one round trip needs (``actions.leases.completion``).
+    nothing and the caller's Python path (its own transaction) answers with its codes. A success
+    also tells this process the attempt's revision and number, which the completion's one round
+    trip needs (``actions.leases.completion``).
     """
     params: list[Any] = [
         worker_id,
@@ -378,9 +407,7 @@ def _ack_in_database(
         executor_handle,
         _RUNNING_FROM,
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(_ACK_SQL, params)
-        answer = cursor.fetchone()[0]
+    (answer,) = call_function(_ACK_SQL, params)
     if isinstance(answer, str):
         answer = json.loads(answer)
     if answer["status"] != step:

@@ -16,13 +16,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import rfc8785
-from django.db import connection
 from django.db.models import Q
 
 from audit.models import ActorType
 from audit.recorder import record
 from core.conf import protocol
-from core.db import write_path
+from core.db import call_function, typed_call, write_path
 from core.errors import DomainError
 from leases.fence import (
     renew_interval,
@@ -239,7 +238,15 @@ def _create_lease(
     return Offer(lease=lease, execution=spec, status="claimed", renew_interval_seconds=renew_interval())
 
 
-@write_path
+def _claim_first(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
+) -> list[Offer] | None:
+    """:func:`lease_claim`'s database path (``core.db.write_path``): ``ql_lease_claim``."""
+    check_offers(offers)
+    return _claim_in_database(worker_id, session_id, generation, offers)
+
+
+@write_path(database_path=_claim_first)
 def lease_claim(
     *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
 ) -> list[Offer]:
@@ -270,15 +277,15 @@ def lease_claim(
     unstarted attempt whose lease lapsed is first settled (``dispatch_timeout``) and taken over
     under a new lease generation. Returns the offers (replays first); ``[]`` means no work.
 
+    PostgreSQL: one round trip that is its own transaction (``ql_lease_claim``, migration leases
+    0004, as ``core.db.write_path``'s database path) for every claim the placement classes and
+    templates this process knows can answer; everything else is answered by the Python path below.
+
     Raises: ``validation_failed`` (offers shape), fence codes (``session_draining`` unless every
     offer is a replay), ``capacity_exhausted``, ``lease_offer_conflict``, ``lease_released``/
     ``lease_completed``/``lease_expired`` (a replayed offer whose lease ended), ``lock_timeout``.
     """
     check_offers(offers)
-    if connection.vendor == "postgresql":
-        done = _claim_in_database(worker_id, session_id, generation, offers)
-        if done is not None:
-            return done
     return _claim_orm(worker_id, session_id, generation, offers)
 
 
@@ -407,9 +414,10 @@ _session_caps: dict[uuid.UUID, tuple[str, str]] = {}
 _class_scores: dict[str, dict[str, int | None]] = {}
 _templates: dict[uuid.UUID, str | None] = {}
 
-_CLAIM_SQL = (
-    "SELECT ql_lease_claim(%s, %s, %s, %s::uuid[], %s::text[], %s::uuid[], %s::text[], %s::text[], "
-    "%s::integer[], %s::uuid[], %s::text[], %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_CLAIM_SQL = typed_call(
+    "ql_lease_claim",
+    "uuid, uuid, bigint, uuid[], text[], uuid[], text[], text[], integer[], uuid[], text[], text, interval, "
+    "interval, integer, integer, integer, integer, text, text, text",
 )
 
 
@@ -455,11 +463,11 @@ def _claim_in_database(
 ) -> list[Offer] | None:
     """Claim through ``ql_lease_claim``; None when the Python path must answer (nothing written).
 
-    Called inside ``lease_claim``'s transaction. The function returns ``orm`` for every case it
-    leaves to Python — any refusal, a replayed offer or reused token, a lapsed lease to take over,
-    a fresh attempt the claim ranking must weigh — and ``unknown``/``revision`` when this process
-    has not yet evaluated a waiting placement class or templated a revision: those are learnt and
-    the call repeated (at most a few times; then Python answers).
+    One statement, its own transaction (``core.db.write_path``). The function returns ``orm``
+    for every case it leaves to Python — any refusal, a replayed offer or reused token, a lapsed
+    lease to take over, a fresh attempt the claim ranking must weigh — and ``unknown``/
+    ``revision`` when this process has not yet evaluated a waiting placement class or templated a
+    revision: those are learnt and the call repeated (at most a few times; then Python answers).
     """
     caps = _session_caps.get(session_id)
     if caps is None:
@@ -477,32 +485,30 @@ def _claim_in_database(
     for _ in range(4):
         scores = _class_scores.get(caps[0], {})
         allowed = [sha for sha, score in scores.items() if score is not None]
-        with connection.cursor() as cursor:
-            params: list[Any] = [
-                worker_id,
-                session_id,
-                generation,
-                [o.offer_id for o in offers],
-                digests,
-                lease_ids,
-                list(scores),
-                allowed,
-                [scores[sha] for sha in allowed],
-                list(k for k, v in _templates.items() if v is not None),
-                list(v for v in _templates.values() if v is not None),
-                secrets.token_hex(2),
-                timedelta(seconds=settings.dispatch_timeout_seconds),
-                timedelta(seconds=settings.dispatch_hold_seconds),
-                CLAIM_MAX_CLASSES,
-                CLAIM_MAX_PAGES,
-                CLAIM_FIRST_PAGE,
-                QUEUE_PAGE,
-                str(_RUN_MARKER),
-                str(_ATTEMPT_MARKER),
-                str(_NUMBER_MARKER),
-            ]
-            cursor.execute(_CLAIM_SQL, params)
-            answer = cursor.fetchone()[0]
+        params: list[Any] = [
+            worker_id,
+            session_id,
+            generation,
+            [o.offer_id for o in offers],
+            digests,
+            lease_ids,
+            list(scores),
+            allowed,
+            [scores[sha] for sha in allowed],
+            list(k for k, v in _templates.items() if v is not None),
+            list(v for v in _templates.values() if v is not None),
+            secrets.token_hex(2),
+            timedelta(seconds=settings.dispatch_timeout_seconds),
+            timedelta(seconds=settings.dispatch_hold_seconds),
+            CLAIM_MAX_CLASSES,
+            CLAIM_MAX_PAGES,
+            CLAIM_FIRST_PAGE,
+            QUEUE_PAGE,
+            str(_RUN_MARKER),
+            str(_ATTEMPT_MARKER),
+            str(_NUMBER_MARKER),
+        ]
+        (answer,) = call_function(_CLAIM_SQL, params)
         if isinstance(answer, str):
             answer = json.loads(answer)
         status = answer["status"]

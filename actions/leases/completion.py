@@ -11,14 +11,13 @@ from datetime import timedelta
 from typing import Any
 
 import rfc8785
-from django.db import connection
 from psycopg.types.json import Jsonb
 
 from audit.models import ActorType
 from audit.recorder import record
-from core.db import write_path
+from core.db import call_function, typed_call, write_path
 from core.errors import DomainError
-from core.wakeups import CHANNEL, WORKER_PREFIX
+from core.wakeups import worker_changed
 from leases.fence import (
     fence_lease,
     lease_cas,
@@ -68,7 +67,31 @@ class CompletionResult:
     outcome: str
 
 
-@write_path
+def _check_completion(completion: Completion) -> None:
+    if completion.outcome not in OUTCOMES:
+        raise DomainError("validation_failed", f"must be one of {', '.join(OUTCOMES)}", field="outcome")
+    if completion.outcome == AttemptState.SUCCEEDED and completion.exit_code != 0:
+        raise DomainError("validation_failed", "a succeeded attempt exits with 0", field="exitCode")
+
+
+def _complete_first(
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    completion: Completion,
+) -> CompletionResult | None:
+    """:func:`lease_complete`'s database path (``core.db.write_path``)."""
+    _check_completion(completion)
+    return _complete_in_database(
+        worker_id, session_id, generation, attempt_id, lease_generation, lease_token, completion
+    )
+
+
+@write_path(database_path=_complete_first)
 def lease_complete(
     *,
     worker_id: uuid.UUID,
@@ -94,7 +117,8 @@ def lease_complete(
     a completed lease is ``lease_completed`` (409). Never a second result. ``succeeded``
     requires exit code 0; ``cancelled`` requires a cancellation request on the run.
 
-    PostgreSQL: one round trip (``ql_lease_complete``, migration leases 0007) once this process
+    PostgreSQL: one round trip that is its own transaction (``ql_lease_complete``, migration leases
+    0007 and 0010, as ``core.db.write_path``'s database path) once this process
     knows the attempt's revision and number (its running ACK tells it; otherwise the function
     answers them and the call is repeated); the policy — masking, digest, retry decision and
     wait — is computed here before the call. A refusal or a replay is answered by the Python path
@@ -103,16 +127,7 @@ def lease_complete(
     Raises: ``validation_failed``, fence codes, ``lease_completed``, ``lease_released``,
     ``lease_expired``, ``attempt_not_started``, ``cancel_not_requested``, ``lock_timeout``.
     """
-    if completion.outcome not in OUTCOMES:
-        raise DomainError("validation_failed", f"must be one of {', '.join(OUTCOMES)}", field="outcome")
-    if completion.outcome == AttemptState.SUCCEEDED and completion.exit_code != 0:
-        raise DomainError("validation_failed", "a succeeded attempt exits with 0", field="exitCode")
-    if connection.vendor == "postgresql":
-        done = _complete_in_database(
-            worker_id, session_id, generation, attempt_id, lease_generation, lease_token, completion
-        )
-        if done is not None:
-            return done
+    _check_completion(completion)
     ctx = fence_lease(
         worker_id=worker_id,
         session_id=session_id,
@@ -186,9 +201,10 @@ _attempts: dict[uuid.UUID, tuple[uuid.UUID, int]] = {}
 #: {revision id: the revision}; a pinned revision is immutable.
 _revisions: dict[uuid.UUID, TaskRevision] = {}
 
-_COMPLETE_SQL = (
-    "SELECT ql_lease_complete(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::text[], "
-    "%s::text[], %s::text[], %s::interval[], %s::jsonb, %s, %s)"
+_COMPLETE_SQL = typed_call(
+    "ql_lease_complete",
+    "uuid, uuid, bigint, uuid, integer, text, uuid, integer, integer, text, integer, text, text, text, "
+    "text[], text[], text[], interval[], jsonb",
 )
 
 
@@ -261,7 +277,7 @@ def _complete_in_database(
 ) -> CompletionResult | None:
     """The completion through ``ql_lease_complete``; None: the Python path answers (nothing written).
 
-    Called inside ``lease_complete``'s transaction. Without the attempt's revision and number the
+    One statement, its own transaction (``core.db.write_path``). Without the attempt's revision and number the
     first call only learns them (``learn``); at most two calls, then the Python path.
     """
     fence: list[Any] = [
@@ -287,16 +303,13 @@ def _complete_in_database(
             completion.exit_code,
             completion.sha256(),
             *plan,
-            CHANNEL,
-            WORKER_PREFIX + str(worker_id),
         ]
-        with connection.cursor() as cursor:
-            cursor.execute(_COMPLETE_SQL, params)
-            answer = cursor.fetchone()[0]
+        (answer,) = call_function(_COMPLETE_SQL, params)
         if isinstance(answer, str):
             answer = json.loads(answer)
         if answer["status"] == "completed":
             _attempts.pop(attempt_id, None)
+            worker_changed(worker_id)  # capacity freed: the worker's waiting requests answer it
             return CompletionResult(attempt_id, lease_generation, completion.sequence, completion.outcome)
         if answer["status"] != "learn":
             return None

@@ -7,13 +7,11 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
-
 from audit.models import ActorType
 from core.conf import protocol
-from core.db import write_path
+from core.db import call_function, typed_call, write_path
 from core.errors import DomainError
-from core.wakeups import CHANNEL, WORK_PREFIX, WORKER_PREFIX
+from core.wakeups import worker_and_work
 from leases.fence import (
     AckResult,
     check_lease_version,
@@ -29,7 +27,24 @@ from runs.states import AttemptState
 from runs.transitions import update_attempt
 
 
-@write_path
+def _renew_first(
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    lease_version: int,
+) -> AckResult | None:
+    """:func:`lease_renew`'s database path (``core.db.write_path``)."""
+    run_lease = timedelta(seconds=protocol().run_lease_seconds)
+    return _in_database(
+        worker_id, session_id, generation, attempt_id, lease_generation, lease_token, lease_version, run_lease
+    )
+
+
+@write_path(database_path=_renew_first)
 def lease_renew(
     *,
     worker_id: uuid.UUID,
@@ -50,26 +65,14 @@ def lease_renew(
     unstarted lease is ``attempt_not_started`` (the dispatch timeout bounds that phase); a lapsed
     lease cannot be renewed (``lease_expired``, ``lease_released`` once swept).
 
-    PostgreSQL: one round trip (``ql_lease_release`` with a renewal interval, migration leases
-    0004); anything but a successful renewal is answered by the Python path below.
+    PostgreSQL: one round trip, its own transaction (``ql_lease_release`` with a renewal interval,
+    migration leases 0004, as ``core.db.write_path``'s database path); anything but a successful
+    renewal is answered by the Python path below.
 
     Raises: fence codes, ``lease_version_conflict``, ``lease_expired``, ``lease_released``,
     ``lease_completed``, ``attempt_not_started``, ``lock_timeout``.
     """
     run_lease = timedelta(seconds=protocol().run_lease_seconds)
-    if connection.vendor == "postgresql":
-        done = _in_database(
-            worker_id,
-            session_id,
-            generation,
-            attempt_id,
-            lease_generation,
-            lease_token,
-            lease_version,
-            run_lease,
-        )
-        if done is not None:
-            return done
     ctx = fence_lease(
         worker_id=worker_id,
         session_id=session_id,
@@ -90,7 +93,23 @@ def lease_renew(
     return AckResult("renewed", lease, ctx.run.cancel_requested_at is not None, renew_interval())
 
 
-@write_path
+def _release_first(
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    lease_version: int,
+) -> AckResult | None:
+    """:func:`lease_release`'s database path (``core.db.write_path``)."""
+    return _in_database(
+        worker_id, session_id, generation, attempt_id, lease_generation, lease_token, lease_version, None
+    )
+
+
+@write_path(database_path=_release_first)
 def lease_release(
     *,
     worker_id: uuid.UUID,
@@ -109,18 +128,13 @@ def lease_release(
     ``lease.released``; if the run has a cancellation request the attempt and run are cancelled
     instead. The next claim of the attempt uses a new lease generation.
 
-    PostgreSQL: one round trip (``ql_lease_release``, migration leases 0004) for a plain release;
+    PostgreSQL: one round trip, its own transaction (``ql_lease_release``, migration leases 0004,
+    as ``core.db.write_path``'s database path) for a plain release;
     a refusal or a run with a cancellation request is answered by the Python path below.
 
     Raises: fence codes, ``lease_version_conflict``, ``lease_expired``, ``lease_released``,
     ``lease_completed``, ``attempt_already_started``, ``lock_timeout``.
     """
-    if connection.vendor == "postgresql":
-        done = _in_database(
-            worker_id, session_id, generation, attempt_id, lease_generation, lease_token, lease_version, None
-        )
-        if done is not None:
-            return done
     ctx = fence_lease(
         worker_id=worker_id,
         session_id=session_id,
@@ -150,17 +164,11 @@ def lease_release(
     return AckResult("released", ctx.lease, ctx.run.cancel_requested_at is not None, renew_interval())
 
 
-_RENEW_SQL = "SELECT ql_lease_release(%s, %s, %s, %s, %s, %s, %s, %s::interval)"
-#: A release also wakes waiting claims (``core.wakeups``) in the same round trip: the worker's own
-#: (capacity freed) and those that can run the attempt, back in the queue. Sent even when the
-#: function leaves the answer to Python (a refusal): a wake-up is a hint, and a spurious one costs
-#: one re-check; the Python path sends its own when it settles.
-_RELEASE_SQL = (
-    "SELECT ql_lease_release(%s, %s, %s, %s, %s, %s, %s, %s::interval),"
-    f" pg_notify('{CHANNEL}', '{WORKER_PREFIX}' || %s::text),"
-    f" (SELECT pg_notify('{CHANNEL}', '{WORK_PREFIX}' || a.placement_sha256)"
-    "    FROM runs_runattempt a WHERE a.id = %s)"
-)
+_RENEW_SQL = typed_call("ql_lease_release", "uuid, uuid, bigint, uuid, integer, text, integer, interval")
+#: A release also reads the attempt's placement class: once it has committed, it wakes waiting
+#: claims (``core.wakeups``), the worker's own (capacity freed) and those that can run the
+#: attempt, back in the queue. The Python path sends its own when it settles.
+_RELEASE_SQL = f"{_RENEW_SQL}, (SELECT a.placement_sha256 FROM runs_runattempt a WHERE a.id = %s::uuid)"
 
 
 def _in_database(
@@ -176,25 +184,23 @@ def _in_database(
     """Release (``renew_by`` None) or renew in one call of ``ql_lease_release``; None: Python answers.
 
     The function writes only when the call succeeds; on any other case it has written nothing
-    and the caller's Python path (same transaction) answers with its codes.
+    and the caller's Python path (its own transaction) answers with its codes.
     """
     digest = token_digest(lease_token, worker_id=worker_id)
-    with connection.cursor() as cursor:
-        params: list[Any] = [
-            worker_id,
-            session_id,
-            generation,
-            attempt_id,
-            lease_generation,
-            digest,
-            lease_version,
-            renew_by,
-        ]
-        if renew_by is None:
-            cursor.execute(_RELEASE_SQL, [*params, worker_id, attempt_id])
-        else:
-            cursor.execute(_RENEW_SQL, params)
-        answer = cursor.fetchone()[0]
+    params: list[Any] = [
+        worker_id,
+        session_id,
+        generation,
+        attempt_id,
+        lease_generation,
+        digest,
+        lease_version,
+        renew_by,
+    ]
+    if renew_by is None:
+        answer, placement_sha256 = call_function(_RELEASE_SQL, [*params, attempt_id])
+    else:
+        (answer,) = call_function(_RENEW_SQL, params)
     if isinstance(answer, str):
         answer = json.loads(answer)
     status = answer["status"]
@@ -204,6 +210,7 @@ def _in_database(
     lease.version = answer["version"]
     lease.expires_at = datetime.fromisoformat(answer["expires"])
     if status == "released":
+        worker_and_work(worker_id, placement_sha256)
         lease.state, lease.release_reason = LeaseState.RELEASED, ReleaseReason.WORKER_RELEASE
         lease.ended_at = datetime.fromisoformat(answer["ended"])
     return AckResult(status, lease, bool(answer["cancel"]), renew_interval())
