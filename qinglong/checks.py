@@ -28,7 +28,7 @@ def check_profile_storage(app_configs, **kwargs):
     if settings.QINGLONG_PROFILE != "cluster-control":
         return errors
     engine = settings.DATABASES["default"]["ENGINE"]
-    if engine != "django.db.backends.postgresql":
+    if engine not in ("django.db.backends.postgresql", "qinglong.postgresql"):
         errors.append(
             checks.Error(
                 "QINGLONG_PROFILE=cluster-control needs PostgreSQL; SQLite is never a cluster store.",

@@ -145,11 +145,13 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
         # Set by `manage.py serve` for its server processes only (spawned, never forked: a pool
         # does not survive a fork), shared by the request threads and the waiting claims'
         # threads (docs/deploy.md, "Threads and database connections"). It checks a connection
-        # before handing it out (CONN_HEALTH_CHECKS) and gives up a reconnection after
-        # `reconnect_timeout` seconds, so after an outage a connection is tried again at most
-        # that long after the database is back — well within a session lease — instead of after
-        # psycopg_pool's doubling backoff of up to five minutes.
+        # before handing it out, without a round trip (qinglong.postgresql), and gives up a
+        # reconnection after `reconnect_timeout` seconds, so after an outage a connection is
+        # tried again at most that long after the database is back — well within a session
+        # lease — instead of after psycopg_pool's doubling backoff of up to five minutes.
         _db["CONN_MAX_AGE"] = 0  # the pool keeps the connections; Django must not
+        _db["ENGINE"] = "qinglong.postgresql"  # checks each pooled connection (qinglong.pgpool)
+        _db["CONN_HEALTH_CHECKS"] = False  # Django's would be an empty query per checkout
         _db["OPTIONS"]["pool"] = {
             "name": "qinglong",
             "min_size": env.int("QINGLONG_DB_POOL_MIN_SIZE", default=2),
