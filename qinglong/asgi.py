@@ -1,7 +1,8 @@
 """ASGI entry point (``manage.py serve`` runs it under Granian): Django behind ``RequestGuard``.
 
 Every request but the waiting ones runs Django's WSGI handler on a fixed pool of threads (a2wsgi's
-``WSGIMiddleware``), one per request slot. Django's own ASGI handler would run each request's
+``WSGIMiddleware``), one per request slot; the worker API's requests reach the same threads in one
+hop each way (``qinglong.serving.BufferedWSGI``). Django's own ASGI handler would run each request's
 synchronous code in a thread made for that request (a ``ThreadSensitiveContext`` each): measured
 with bench-claim's signed-HTTP loops on 2 cores, the pooled threads serve about 1.5× as many
 (docs/performance.md), and a thread keeps its Redis client and cache objects between requests.
@@ -38,16 +39,21 @@ from django.core.wsgi import get_wsgi_application
 from django.urls import get_resolver
 
 from protocol import wire
-from qinglong.serving import RequestGuard, exit_with_parent
+from qinglong.serving import BufferedWSGI, RequestGuard, exit_with_parent
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qinglong.settings")
 exit_with_parent()  # a server process of `manage.py serve` never outlives it
 #: Every request but the waiting ones: Django's WSGI handler on a fixed pool of threads, as many as
 #: the request slots (``RequestGuard`` lets no more in at once). Building it sets Django up: the
 #: app modules import after it.
-django_application = WSGIMiddleware(
-    get_wsgi_application(),  # type: ignore[arg-type]  # django-stubs types the answer, not an iterable
+_wsgi = get_wsgi_application()
+_pooled = WSGIMiddleware(
+    _wsgi,  # type: ignore[arg-type]  # django-stubs types the answer, not an iterable
     workers=settings.QINGLONG_SERVER["MAX_ACTIVE_REQUESTS"],
+)
+#: The worker API takes the buffered road to the same threads (``qinglong.serving.BufferedWSGI``).
+django_application = BufferedWSGI(
+    _wsgi, executor=_pooled.executor, fallback=_pooled, prefixes=(wire.API_PREFIX,)
 )
 
 from api.observability import ObservabilityMiddleware  # noqa: E402 - needs the app registry

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import io
 import json
 import multiprocessing
 import os
@@ -32,6 +33,8 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from a2wsgi.wsgi import build_environ
 
 from core.conf import RECEIVED_AT_SCOPE_KEY, SERVE_STOP_FILE_VARIABLE
 
@@ -214,3 +217,62 @@ async def _refuse(send: Send, refused: _Refused) -> None:
         }
     )
     await send({"type": "http.response.body", "body": payload})
+
+
+class BufferedWSGI:
+    """ASGI → WSGI for the worker API: the request in one hop to a pool thread and back.
+
+    a2wsgi's adapter (``fallback``, every other path) crosses from its thread to the event loop
+    for each body read, the response's start and each body chunk, and waits there each time. A
+    worker request's body is already whole (``RequestGuard`` read it) and its answer is a small
+    JSON document, so here the thread runs the WSGI application to the end with the body in
+    memory and hands back status, headers and body together; the loop sends them. Measured with
+    bench-claim's signed-HTTP loops (docs/performance.md). ``prefixes``: the paths served so
+    (never a streaming response: the whole answer is held in memory); ``executor``: the pool the
+    fallback uses too, so the threads stay one per request slot.
+    """
+
+    def __init__(self, wsgi_app: Callable, *, executor, fallback: ASGIApp, prefixes: tuple[str, ...]) -> None:
+        self.wsgi_app = wsgi_app
+        self.executor = executor
+        self.fallback = fallback
+        self.prefixes = prefixes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
+            await self.fallback(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:  # RequestGuard's replay: the whole body in the first message
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        environ = build_environ(scope, io.BytesIO(b"".join(chunks)))  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        status, headers, body = await loop.run_in_executor(self.executor, self._run, environ)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _run(self, environ: dict) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        started: list = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info=None):
+            if exc_info is not None and started:
+                raise exc_info[1].with_traceback(exc_info[2])
+            started[:] = [status, headers]
+            return written.append
+
+        written: list[bytes] = []
+        result = self.wsgi_app(environ, start_response)
+        try:
+            written.extend(result)
+        finally:
+            if hasattr(result, "close"):
+                result.close()
+        status, headers = started
+        encoded = [
+            (name.strip().lower().encode("latin-1"), value.strip().encode("latin-1"))
+            for name, value in headers
+        ]
+        return int(status.split(" ", 1)[0]), encoded, b"".join(written)
