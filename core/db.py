@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar, overload
 
 import psycopg
 from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
@@ -119,6 +119,14 @@ def _log_retry(retry_state: RetryCallState, service: str) -> None:
 def _before_retry(retry_state: RetryCallState, service: str) -> None:
     """Called before each retry's wait; a module-level name so tests can observe retries."""
     _log_retry(retry_state, service)
+
+
+@overload
+def write_path(fn: Callable[P, R]) -> Callable[P, R]: ...
+
+
+@overload
+def write_path(*, database_path: Callable[P, R | None]) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
 def write_path(
@@ -227,6 +235,8 @@ def call_function(sql: str, params: list) -> tuple:
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql.replace("%s", "%b"), params, prepare=True, binary=True)
         row = cursor.fetchone()
+    if row is None:
+        raise DatabaseError(f"{sql[:60]}… answered no row")
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
     return row

@@ -254,7 +254,7 @@ class BufferedWSGI:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    def _run(self, environ: dict) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def _run(self, environ: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         started: list = []
 
         def start_response(status: str, headers: list[tuple[str, str]], exc_info=None):

@@ -5,13 +5,13 @@ A regression that adds round trips fails here, on both stores. PostgreSQL answer
 claim, starting and running ACK, renew, release, completion, heartbeat and log append with one
 statement each (the functions of migrations leases 0004, 0006, 0007 and 0010,
 ``actions.sessions.heartbeat`` and migration logs 0003), the release and the completion with one
-more after their commit for their wake-ups (``core.wakeups``: counted here); SQLite (one process) keeps its ORM paths,
-whose budgets are today's counts. Transaction control (BEGIN/COMMIT/SAVEPOINT) is not counted: it
-is not a statement the path chose. The claim budget is taken once the process has learnt the
-session's capability digest, the placement class and the revision's spec template, the
-completion's once it has read the revision's policy (a process learns each once; the attempt's
-revision and number come with its running ACK); the dispatch hold is 0 so that the claim ranking
-never needs the fleet (docs/performance.md).
+more after their commit for their wake-ups (``core.wakeups``: counted here); SQLite (one
+process) keeps its ORM paths, whose budgets are today's counts. Transaction control
+(BEGIN/COMMIT/SAVEPOINT) is not counted: it is not a statement the path chose. The claim budget
+is taken once the process has learnt the session's capability digest, the placement class and
+the revision's spec template, the completion's once it has read the revision's policy (a process
+learns each once; the attempt's revision and number come with its running ACK); the dispatch
+hold is 0 so that the claim ranking never needs the fleet (docs/performance.md).
 """
 
 from __future__ import annotations
