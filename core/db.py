@@ -226,10 +226,12 @@ def call_function(sql: str, params: list) -> tuple:
     in Python (parameters and result travel in the binary format: no escaping of a template's
     quotes), and the server neither parses nor plans the call again. It runs in the caller's
     transaction, errors surface as Django's database errors (so :func:`write_path` retries and maps
-    them as for any statement), and it is recorded in ``connection.queries`` when queries are
+    them as for any statement), a kept connection gets Django's once-per-request health check as a
+    cursor would (``CONN_HEALTH_CHECKS``), and it is recorded in ``connection.queries`` when queries are
     logged, so the query-count budgets still count it. ``params``: psycopg-adaptable values
     (lists → arrays, ``timedelta`` → interval).
     """
+    connection.close_if_health_check_failed()  # as Django's cursor() does (CONN_HEALTH_CHECKS)
     connection.ensure_connection()
     started = time.monotonic()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:

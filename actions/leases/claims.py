@@ -438,7 +438,8 @@ def _spec_template(revision_id: uuid.UUID) -> str | None:
             text.count(str(marker)) == 1 for marker in (_RUN_MARKER, _ATTEMPT_MARKER, _NUMBER_MARKER)
         )
         _bounded(_templates, revision_id, text if usable else None)
-    return _templates[revision_id]
+        return text if usable else None
+    return _templates.get(revision_id)
 
 
 def _learn_classes(capabilities_sha256: str, capabilities: str, classes: list[str]) -> None:
@@ -483,7 +484,10 @@ def _claim_in_database(
     digests = [token_digest(o.lease_token, worker_id=worker_id) for o in offers]
     lease_ids = [uuid7() for _ in offers]
     for _ in range(4):
-        scores = _class_scores.get(caps[0], {})
+        # Copies (one C-level step each under the GIL): another thread may learn or clear these
+        # caches meanwhile, and the answer is built after the function has committed the claim.
+        scores = dict(_class_scores.get(caps[0], {}))
+        templates = {k: v for k, v in dict(_templates).items() if v is not None}
         allowed = [sha for sha, score in scores.items() if score is not None]
         params: list[Any] = [
             worker_id,
@@ -495,8 +499,8 @@ def _claim_in_database(
             list(scores),
             allowed,
             [scores[sha] for sha in allowed],
-            list(k for k, v in _templates.items() if v is not None),
-            list(v for v in _templates.values() if v is not None),
+            list(templates),
+            list(templates.values()),
             secrets.token_hex(2),
             timedelta(seconds=settings.dispatch_timeout_seconds),
             timedelta(seconds=settings.dispatch_hold_seconds),
@@ -513,7 +517,9 @@ def _claim_in_database(
             answer = json.loads(answer)
         status = answer["status"]
         if status == "claimed":
-            return [_offer(item, worker_id, session_id, offers, digests) for item in answer["offers"]]
+            return [
+                _offer(item, templates, worker_id, session_id, offers, digests) for item in answer["offers"]
+            ]
         if status == "unknown":
             _learn_classes(caps[0], caps[1], answer["classes"])
         elif status == "revision":
@@ -525,12 +531,18 @@ def _claim_in_database(
 
 
 def _offer(
-    item: dict, worker_id: uuid.UUID, session_id: uuid.UUID, offers: list[OfferRequest], digests: list[str]
+    item: dict,
+    templates: dict[uuid.UUID, str],
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    offers: list[OfferRequest],
+    digests: list[str],
 ) -> Offer:
-    """An Offer from one claimed item of ``ql_lease_claim`` (the n-th item used the n-th offer)."""
+    """An Offer from one claimed item of ``ql_lease_claim`` (the n-th item used the n-th offer),
+    with the spec from ``templates``, the ones the call was made with (the function only claims
+    attempts of those revisions)."""
     lease_id = uuid.UUID(item["lease"])
-    template = _templates[uuid.UUID(item["revision"])]
-    assert template is not None
+    template = templates[uuid.UUID(item["revision"])]
     text = (
         template.replace(str(_RUN_MARKER), item["run"])
         .replace(str(_ATTEMPT_MARKER), item["attempt"])
