@@ -9,7 +9,8 @@ worker, another revision) that learns its template while the first call waits fo
 lock therefore removes the template the first call was made with, and the first claim raises
 ``KeyError`` *after* its commit: the worker gets a 500 for a lease it holds (capacity used, the
 run ``dispatching``) until the dispatch timeout takes it back (the agent drops the offers of a
-refused claim and offers fresh ones). Before that change the KeyError rolled the claim back.
+refused claim and offers fresh ones). Before that change the KeyError was already a 500, but it
+rolled the claim back (checked on 5f2485f: the same test fails there with no lease written).
 
 Real concurrency: the first claim runs on its own thread and connection and is observed blocked on
 the worker-row lock a second connection holds (``LockHolder``), the second claim runs on the main
