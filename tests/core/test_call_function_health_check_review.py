@@ -6,10 +6,10 @@ Outside ``manage.py serve``'s pool — ``QINGLONG_SERVE_DB_POOL=0``, another ser
 once per request before its first use (``CONN_HEALTH_CHECKS``, settings): a connection PostgreSQL
 closed in between (a restart, a failover, ``pg_terminate_backend``, ``idle_session_timeout``) is
 replaced, and the request never sees it. Django runs that check in ``connection.cursor()`` and in
-``transaction.atomic`` (``set_autocommit``). The lease calls' database path now runs its server
-function outside any ``atomic`` through ``call_function``, which only calls
-``ensure_connection()``: the check is skipped, the statement goes to the dead connection, and the
-renewal fails with ``OperationalError`` (503 ``database_unavailable`` at the API, a missed
+``transaction.atomic`` (``set_autocommit``). The lease calls' database path runs its server
+function outside any ``atomic`` through ``call_function``, which at first only called
+``ensure_connection()`` (now it runs the check first, as ``cursor()`` does): the check was skipped,
+the statement went to the dead connection, and the renewal failed with ``OperationalError`` (503 ``database_unavailable`` at the API, a missed
 renewal for the worker) where the same request before this change — or any ORM write path, such as
 the heartbeat here — reconnected and succeeded.
 
