@@ -9,9 +9,10 @@ replaced, and the request never sees it. Django runs that check in ``connection.
 ``transaction.atomic`` (``set_autocommit``). The lease calls' database path runs its server
 function outside any ``atomic`` through ``call_function``, which at first only called
 ``ensure_connection()`` (now it runs the check first, as ``cursor()`` does): the check was skipped,
-the statement went to the dead connection, and the renewal failed with ``OperationalError`` (503 ``database_unavailable`` at the API, a missed
-renewal for the worker) where the same request before this change — or any ORM write path, such as
-the heartbeat here — reconnected and succeeded.
+the statement went to the dead connection, and the renewal failed with ``OperationalError`` (503
+``database_unavailable`` at the API, a missed renewal for the worker) where the same request
+before this change — or any ORM write path, such as the heartbeat here — reconnected and
+succeeded.
 
 The request cycle is the real one: ``request_started``/``request_finished`` (Django's
 ``close_old_connections``) between the calls; the backend is terminated from a second connection.

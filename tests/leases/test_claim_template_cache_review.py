@@ -4,13 +4,14 @@ process's template cache while the call was in flight (``actions.leases.claims``
 Since the lease calls run as one statement in autocommit (``core.db.write_path``'s database path),
 ``ql_lease_claim`` has *committed* the lease, the attempt's dispatch and the run's move by the time
 Python reads the answer. The offer was then built from ``_templates[revision]`` (now: from the
-templates the call was made with). That cache is bounded: at ``_CACHE_LIMIT`` entries the next revision learnt clears it. A second claim (another
-worker, another revision) that learns its template while the first call waits for its worker's row
-lock therefore removed the template the first call was made with, and the first claim raised
-``KeyError`` *after* its commit: the worker gets a 500 for a lease it holds (capacity used, the
-run ``dispatching``) until the dispatch timeout takes it back (the agent drops the offers of a
-refused claim and offers fresh ones). Before that change the KeyError was already a 500, but it
-rolled the claim back (checked on 5f2485f: the same test fails there with no lease written).
+templates the call was made with). That cache is bounded: at ``_CACHE_LIMIT`` entries the next
+revision learnt clears it. A second claim (another worker, another revision) that learns its
+template while the first call waits for its worker's row lock therefore removed the template the
+first call was made with, and the first claim raised ``KeyError`` *after* its commit: the worker
+gets a 500 for a lease it holds (capacity used, the run ``dispatching``) until the dispatch timeout
+takes it back (the agent drops the offers of a refused claim and offers fresh ones). Before that
+change the KeyError was already a 500, but it rolled the claim back (checked on 5f2485f: the same
+test fails there with no lease written).
 
 Real concurrency: the first claim runs on its own thread and connection and is observed blocked on
 the worker-row lock a second connection holds (``LockHolder``), the second claim runs on the main
