@@ -126,11 +126,11 @@ def write_path(fn: Callable[P, R]) -> Callable[P, R]: ...
 
 
 @overload
-def write_path(*, database_path: Callable[P, R | None]) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+def write_path(*, database_path: Callable[..., R | None]) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
 def write_path(
-    fn: Callable[P, R] | None = None, *, database_path: Callable[P, R | None] | None = None
+    fn: Callable[P, R] | None = None, *, database_path: Callable[..., R | None] | None = None
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Run ``fn`` as one durable transaction with a bounded, jittered retry on transient races.
 
@@ -218,8 +218,9 @@ def is_unique_violation(exc: IntegrityError) -> bool:
 
 
 def call_function(sql: str, params: list) -> tuple:
-    """PostgreSQL: run ``sql`` (one ``SELECT f(%s, …)``, …) and return its one row; for the hot
-    paths' server functions (docs/performance.md, "Where the time goes").
+    """PostgreSQL: run ``sql`` (one ``SELECT f(%b::t, …)``, …, its placeholders ``%b``: binary) and
+    return its one row; for the hot paths' server functions (docs/performance.md, "Where the time
+    goes"). :func:`typed_call` writes such a call.
 
     The statement is bound on the server and prepared once per connection (psycopg's
     ``prepare=True``): a claim's arrays, digests and spec templates are never quoted into SQL text
@@ -235,7 +236,7 @@ def call_function(sql: str, params: list) -> tuple:
     connection.ensure_connection()
     started = time.monotonic()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(sql.replace("%s", "%b"), params, prepare=True, binary=True)
+        cursor.execute(sql, params, prepare=True, binary=True)
         row = cursor.fetchone()
     if row is None:
         raise DatabaseError(f"{sql[:60]}… answered no row")
@@ -245,8 +246,8 @@ def call_function(sql: str, params: list) -> tuple:
 
 
 def typed_call(function: str, types: str) -> str:
-    """``SELECT function(%s::t1, %s::t2, …)`` for :func:`call_function`: every parameter cast to the
+    """``SELECT function(%b::t1, %b::t2, …)`` for :func:`call_function`: every parameter cast to the
     function's argument type (``types``: the comma-separated list, as ``\\df`` shows it), since a
     parameter bound in the binary format carries its own type (a ``str`` is ``text``, not a UUID)."""
-    casts = ", ".join(f"%s::{kind.strip()}" for kind in types.split(","))
+    casts = ", ".join(f"%b::{kind.strip()}" for kind in types.split(","))
     return f"SELECT {function}({casts})"

@@ -71,8 +71,8 @@ def publish_local(payload: str) -> None:
 
 #: One statement sends a list of payloads; its commit alone is asynchronous (see above).
 _NOTIFY_SQL = (
-    "SELECT count(pg_notify(%s::text, payload)), set_config('synchronous_commit', 'off', true)"
-    " FROM unnest(%s::text[]) AS payload"
+    "SELECT count(pg_notify(%b::text, payload)), set_config('synchronous_commit', 'off', true)"
+    " FROM unnest(%b::text[]) AS payload"
 )
 
 

@@ -72,32 +72,11 @@ def _fence_ack(
     return ctx
 
 
-def _starting_first(
-    *,
-    worker_id: uuid.UUID,
-    session_id: uuid.UUID,
-    generation: int,
-    attempt_id: uuid.UUID,
-    lease_generation: int,
-    lease_token: str,
-    offer_id: uuid.UUID,
-    lease_version: int,
-) -> AckResult | None:
-    """:func:`lease_starting`'s database path (``core.db.write_path``)."""
+def _starting_first(**call: Any) -> AckResult | None:
+    """:func:`lease_starting`'s database path (``core.db.write_path``): its arguments, as given."""
+    run_lease = timedelta(seconds=protocol().run_lease_seconds)
     return _ack_in_database(
-        worker_id,
-        session_id,
-        generation,
-        attempt_id,
-        lease_generation,
-        lease_token,
-        offer_id,
-        lease_version,
-        AttemptState.STARTING,
-        timedelta(seconds=protocol().run_lease_seconds),
-        None,
-        None,
-        "",
+        **call, step=AttemptState.STARTING, run_lease=run_lease, pid=None, pgid=None, executor_handle=""
     )
 
 
@@ -167,37 +146,10 @@ def _check_handle(executor_handle: str) -> None:
         raise DomainError("validation_failed", f"at most {MAX_HANDLE} characters", field="executorHandle")
 
 
-def _running_first(
-    *,
-    worker_id: uuid.UUID,
-    session_id: uuid.UUID,
-    generation: int,
-    attempt_id: uuid.UUID,
-    lease_generation: int,
-    lease_token: str,
-    offer_id: uuid.UUID,
-    lease_version: int,
-    pid: int,
-    pgid: int | None,
-    executor_handle: str,
-) -> AckResult | None:
-    """:func:`lease_running`'s database path (``core.db.write_path``)."""
-    _check_handle(executor_handle)
-    return _ack_in_database(
-        worker_id,
-        session_id,
-        generation,
-        attempt_id,
-        lease_generation,
-        lease_token,
-        offer_id,
-        lease_version,
-        AttemptState.RUNNING,
-        None,
-        pid,
-        pgid,
-        executor_handle,
-    )
+def _running_first(**call: Any) -> AckResult | None:
+    """:func:`lease_running`'s database path (``core.db.write_path``): its arguments, as given."""
+    _check_handle(call["executor_handle"])
+    return _ack_in_database(**call, step=AttemptState.RUNNING, run_lease=None)
 
 
 @write_path(database_path=_running_first)
@@ -369,6 +321,7 @@ _RUNNING_FROM = sorted(state for state, targets in RUN_TRANSITIONS.items() if Ru
 
 
 def _ack_in_database(
+    *,
     worker_id: uuid.UUID,
     session_id: uuid.UUID,
     generation: int,

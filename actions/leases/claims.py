@@ -238,12 +238,10 @@ def _create_lease(
     return Offer(lease=lease, execution=spec, status="claimed", renew_interval_seconds=renew_interval())
 
 
-def _claim_first(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
-) -> list[Offer] | None:
-    """:func:`lease_claim`'s database path (``core.db.write_path``): ``ql_lease_claim``."""
-    check_offers(offers)
-    return _claim_in_database(worker_id, session_id, generation, offers)
+def _claim_first(**call: Any) -> list[Offer] | None:
+    """:func:`lease_claim`'s database path (``core.db.write_path``): its arguments, as given."""
+    check_offers(call["offers"])
+    return _claim_in_database(**call)
 
 
 @write_path(database_path=_claim_first)
@@ -460,7 +458,7 @@ def _learn_classes(capabilities_sha256: str, capabilities: str, classes: list[st
 
 
 def _claim_in_database(
-    worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
 ) -> list[Offer] | None:
     """Claim through ``ql_lease_claim``; None when the Python path must answer (nothing written).
 

@@ -74,21 +74,10 @@ def _check_completion(completion: Completion) -> None:
         raise DomainError("validation_failed", "a succeeded attempt exits with 0", field="exitCode")
 
 
-def _complete_first(
-    *,
-    worker_id: uuid.UUID,
-    session_id: uuid.UUID,
-    generation: int,
-    attempt_id: uuid.UUID,
-    lease_generation: int,
-    lease_token: str,
-    completion: Completion,
-) -> CompletionResult | None:
-    """:func:`lease_complete`'s database path (``core.db.write_path``)."""
-    _check_completion(completion)
-    return _complete_in_database(
-        worker_id, session_id, generation, attempt_id, lease_generation, lease_token, completion
-    )
+def _complete_first(**call: Any) -> CompletionResult | None:
+    """:func:`lease_complete`'s database path (``core.db.write_path``): its arguments, as given."""
+    _check_completion(call["completion"])
+    return _complete_in_database(**call)
 
 
 @write_path(database_path=_complete_first)
@@ -267,6 +256,7 @@ def _plan(revision: TaskRevision, number: int, completion: Completion) -> list[A
 
 
 def _complete_in_database(
+    *,
     worker_id: uuid.UUID,
     session_id: uuid.UUID,
     generation: int,

@@ -27,21 +27,9 @@ from runs.states import AttemptState
 from runs.transitions import update_attempt
 
 
-def _renew_first(
-    *,
-    worker_id: uuid.UUID,
-    session_id: uuid.UUID,
-    generation: int,
-    attempt_id: uuid.UUID,
-    lease_generation: int,
-    lease_token: str,
-    lease_version: int,
-) -> AckResult | None:
-    """:func:`lease_renew`'s database path (``core.db.write_path``)."""
-    run_lease = timedelta(seconds=protocol().run_lease_seconds)
-    return _in_database(
-        worker_id, session_id, generation, attempt_id, lease_generation, lease_token, lease_version, run_lease
-    )
+def _renew_first(**call: Any) -> AckResult | None:
+    """:func:`lease_renew`'s database path (``core.db.write_path``): its arguments, as given."""
+    return _in_database(**call, renew_by=timedelta(seconds=protocol().run_lease_seconds))
 
 
 @write_path(database_path=_renew_first)
@@ -93,20 +81,9 @@ def lease_renew(
     return AckResult("renewed", lease, ctx.run.cancel_requested_at is not None, renew_interval())
 
 
-def _release_first(
-    *,
-    worker_id: uuid.UUID,
-    session_id: uuid.UUID,
-    generation: int,
-    attempt_id: uuid.UUID,
-    lease_generation: int,
-    lease_token: str,
-    lease_version: int,
-) -> AckResult | None:
-    """:func:`lease_release`'s database path (``core.db.write_path``)."""
-    return _in_database(
-        worker_id, session_id, generation, attempt_id, lease_generation, lease_token, lease_version, None
-    )
+def _release_first(**call: Any) -> AckResult | None:
+    """:func:`lease_release`'s database path (``core.db.write_path``): its arguments, as given."""
+    return _in_database(**call, renew_by=None)
 
 
 @write_path(database_path=_release_first)
@@ -168,10 +145,11 @@ _RENEW_SQL = typed_call("ql_lease_release", "uuid, uuid, bigint, uuid, integer, 
 #: A release also reads the attempt's placement class: once it has committed, it wakes waiting
 #: claims (``core.wakeups``), the worker's own (capacity freed) and those that can run the
 #: attempt, back in the queue. The Python path sends its own when it settles.
-_RELEASE_SQL = f"{_RENEW_SQL}, (SELECT a.placement_sha256 FROM runs_runattempt a WHERE a.id = %s::uuid)"
+_RELEASE_SQL = f"{_RENEW_SQL}, (SELECT a.placement_sha256 FROM runs_runattempt a WHERE a.id = %b::uuid)"
 
 
 def _in_database(
+    *,
     worker_id: uuid.UUID,
     session_id: uuid.UUID,
     generation: int,

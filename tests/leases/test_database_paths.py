@@ -46,8 +46,8 @@ def orm_only():
 
     def switch(on: bool) -> None:
         if on:
-            patch.setattr(activation, "_ack_in_database", lambda *args: None)
-            patch.setattr(completion, "_complete_in_database", lambda *args: None)
+            patch.setattr(activation, "_ack_in_database", lambda **call: None)
+            patch.setattr(completion, "_complete_in_database", lambda **call: None)
         else:
             patch.undo()
 
@@ -62,8 +62,8 @@ def answered(monkeypatch):
     for module, name in ((activation, "_ack_in_database"), (completion, "_complete_in_database")):
         real = getattr(module, name)
 
-        def spy(*args, _real=real, _name=name):
-            result = _real(*args)
+        def spy(_real=real, _name=name, **call):
+            result = _real(**call)
             calls.append((_name, result is not None))
             return result
 
