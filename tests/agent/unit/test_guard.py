@@ -23,8 +23,13 @@ from tests.agent.processes import ROOT, wait_for
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreaper is Linux-only")
 
 #: A job that starts a process in a session of its own — whose parent then exits, so it is an
-#: orphan outside the job's process group — and then runs on (or not) itself.
-ESCAPE = "(setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' &); {then}"
+#: orphan outside the job's process group — and then runs on (or not) itself. The job goes on only
+#: once the escapee has written its pid: a job that ended first (``exit 3``) had its leftover
+#: ended by the guard before it wrote it — on a busy machine, often (a 10 s wait for nothing).
+ESCAPE = (
+    "(setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' &); "
+    "while [ ! -s {pidfile} ]; do sleep 0.01; done; {then}"
+)
 
 
 def alive(pid: int) -> bool:
