@@ -189,7 +189,22 @@ class Figures:
         return self.claims / self.wall_seconds
 
 
+#: The tables a claim → release loop churns (non-HOT lease updates leave a dead row version and
+#: index entries per release).
+CHURNED = "leases_rundispatchlease, runs_runattempt, runs_run, workers_worker, workers_workersession"
+
+
+def vacuum_churned() -> None:
+    """``VACUUM`` the tables the loops churn, before a window: what autovacuum does between windows
+    on a server that runs it. This machine's server has ``autovacuum = off`` (its CI configuration),
+    so without this every window would start on the dead rows of all the windows before it, while
+    ``pgbench`` vacuums its own tables before each run (docs/performance.md, "Method")."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM {CHURNED}")
+
+
 def measure(claimers: list[Claimer], seconds: float) -> Figures:
+    vacuum_churned()
     with connection.cursor() as cursor:
         cursor.execute("CHECKPOINT")  # as bench/pgdb.checkpoint: no timed checkpoint in the window
     connections.close_all()  # children must open their own connections
