@@ -408,6 +408,10 @@ _RUN_MARKER = uuid.UUID(bytes=secrets.token_bytes(16))
 _ATTEMPT_MARKER = uuid.UUID(bytes=secrets.token_bytes(16))
 _NUMBER_MARKER = 10**15 + secrets.randbelow(10**15)
 _CACHE_LIMIT = 4096
+#: A claim sends the spec templates of at most this many revisions, the most recently used; one
+#: that meets an attempt of another revision answers ``revision`` and is repeated with it. So a
+#: call's size does not grow with the number of revisions the process has seen.
+TEMPLATES_PER_CALL = 32
 _session_caps: dict[uuid.UUID, tuple[str, str]] = {}
 _class_scores: dict[str, dict[str, int | None]] = {}
 _templates: dict[uuid.UUID, str | None] = {}
@@ -423,6 +427,23 @@ def _bounded(cache: dict, key, value) -> None:
     if len(cache) >= _CACHE_LIMIT:
         cache.clear()
     cache[key] = value
+
+
+def _recent_templates() -> dict[uuid.UUID, str]:
+    """The usable templates of the :data:`TEMPLATES_PER_CALL` most recently used revisions.
+
+    A copy (one C-level step under the GIL: another thread may learn, move or clear entries
+    meanwhile), newest last; the answer of the call is built from this copy."""
+    snapshot = dict(_templates)
+    recent = [(k, v) for k, v in snapshot.items() if v is not None]
+    return dict(recent[-TEMPLATES_PER_CALL:])
+
+
+def _used(revision_id: uuid.UUID) -> None:
+    """Move ``revision_id``'s template (if cached) to the newest end of the cache."""
+    text = _templates.pop(revision_id, None)
+    if text is not None:
+        _templates[revision_id] = text
 
 
 def _spec_template(revision_id: uuid.UUID) -> str | None:
@@ -485,7 +506,7 @@ def _claim_in_database(
         # Copies (one C-level step each under the GIL): another thread may learn or clear these
         # caches meanwhile, and the answer is built after the function has committed the claim.
         scores = dict(_class_scores.get(caps[0], {}))
-        templates = {k: v for k, v in dict(_templates).items() if v is not None}
+        templates = _recent_templates()
         allowed = [sha for sha, score in scores.items() if score is not None]
         params: list[Any] = [
             worker_id,
@@ -515,14 +536,19 @@ def _claim_in_database(
             answer = json.loads(answer)
         status = answer["status"]
         if status == "claimed":
-            return [
+            claimed = [
                 _offer(item, templates, worker_id, session_id, offers, digests) for item in answer["offers"]
             ]
+            for item in answer["offers"]:
+                _used(uuid.UUID(item["revision"]))
+            return claimed
         if status == "unknown":
             _learn_classes(caps[0], caps[1], answer["classes"])
         elif status == "revision":
-            if _spec_template(uuid.UUID(answer["revision"])) is None:
+            revision_id = uuid.UUID(answer["revision"])
+            if _spec_template(revision_id) is None:
                 return None
+            _used(revision_id)  # learnt now or cached but not among the recent ones sent
         else:
             return None
     return None
