@@ -97,9 +97,15 @@ BEGIN
         SELECT (SELECT min(placement_sha256) FROM runs_runattempt
                  WHERE state = 'claimed' AND placement_sha256 > below.sha AND placement_sha256 < p_start)
           FROM below WHERE below.sha IS NOT NULL
+    ), top AS (
+        SELECT array(SELECT sha FROM above WHERE sha IS NOT NULL LIMIT 256) AS shas
     ), waiting AS (
-        SELECT (array(SELECT sha FROM above WHERE sha IS NOT NULL LIMIT 256)
-                || array(SELECT sha FROM below WHERE sha IS NOT NULL LIMIT 256))[1:256] AS shas
+        -- the wrap below p_start only when fewer than 256 were found above it
+        SELECT CASE WHEN cardinality(top.shas) < 256
+                    THEN top.shas || array(SELECT sha FROM below WHERE sha IS NOT NULL
+                                            LIMIT 256 - cardinality(top.shas))
+                    ELSE top.shas END AS shas
+          FROM top
     )
     SELECT cardinality(waiting.shas) AS waiting,
            array(SELECT x FROM unnest(waiting.shas) AS x WHERE NOT (x = ANY (p_known))) AS unknown,
