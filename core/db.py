@@ -11,8 +11,9 @@ when the store reports a transient race:
   sleep; a queue hands the lock on at once (``docs/sessions.md``, Storage). Other processes
   (``manage.py sweep``, a second server by mistake) still meet SQLite's own lock, busy timeout
   and this retry.
-* PostgreSQL (cluster-control): deadlock and serialization failures. A lock wait longer than the
-  connection's ``lock_timeout`` is not retried: it surfaces as ``lock_timeout`` (503).
+* PostgreSQL (cluster-control): deadlock and serialization failures, and a lease function's
+  ``QL409`` (a row changed under it). A lock wait longer than the connection's ``lock_timeout``
+  is not retried: it surfaces as ``lock_timeout`` (503).
 
 * Both: a unique-constraint race a service detects on insert (two transactions inserting the
   same key, where the loser must re-read and answer a replay or a conflict). The service raises
@@ -49,8 +50,11 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# PostgreSQL SQLSTATEs that mean "the same transaction may well succeed if run again".
-_PG_RETRYABLE = {"40001", "40P01"}  # serialization_failure, deadlock_detected
+# PostgreSQL SQLSTATEs that mean "the same transaction may well succeed if run again":
+# serialization_failure, deadlock_detected, and QL409 — a lease function (leases/0004…0011) found
+# a row it had read changed when it came to write it (it rolled everything back; a fresh run
+# reads the row again), which a 500 would answer for no reason.
+_PG_RETRYABLE = {"40001", "40P01", "QL409"}
 _PG_LOCK_NOT_AVAILABLE = "55P03"
 
 
@@ -145,9 +149,10 @@ def write_path(
     Attempts: ``QINGLONG_SQLITE_BUSY_RETRIES`` (at least 1) in total, with a full-jitter
     exponential wait between them (20 ms base, at most 0.5 s each). Errors raised: whatever ``fn``
     (or ``g``) raises; ``DomainError("storage_busy")`` (503, ``Retry-After: 1``) once the attempts
-    are spent on ``database is locked``, a PostgreSQL deadlock/serialization failure or a
-    :class:`UniqueRace`; ``DomainError("lock_timeout")`` (503) when PostgreSQL refuses a lock
-    after ``lock_timeout`` (not retried: the lock holder is slow, not racing). ADR-0012 §6.
+    are spent on ``database is locked``, a PostgreSQL deadlock/serialization failure, a lease
+    function's ``QL409`` (a row changed under it) or a :class:`UniqueRace`;
+    ``DomainError("lock_timeout")`` (503) when PostgreSQL refuses a lock after ``lock_timeout``
+    (not retried: the lock holder is slow, not racing). ADR-0012 §6.
     """
     if fn is None:
         return functools.partial(write_path, database_path=database_path)
