@@ -6,6 +6,7 @@ candidate locking, ranking holds — are in ``docs/leases.md`` (Claim) and ``doc
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import secrets
@@ -432,11 +433,11 @@ def _bounded(cache: dict, key, value) -> None:
 def _recent_templates() -> dict[uuid.UUID, str]:
     """The usable templates of the :data:`TEMPLATES_PER_CALL` most recently used revisions.
 
-    A copy (one C-level step under the GIL: another thread may learn, move or clear entries
-    meanwhile), newest last; the answer of the call is built from this copy."""
-    snapshot = dict(_templates)
-    recent = [(k, v) for k, v in snapshot.items() if v is not None]
-    return dict(recent[-TEMPLATES_PER_CALL:])
+    Read from a copy (one C-level step under the GIL: another thread may learn, move or clear
+    entries meanwhile), newest first, stopping at the bound; the answer of the call is built from
+    what this returns."""
+    usable = ((k, v) for k, v in reversed(dict(_templates).items()) if v is not None)
+    return dict(itertools.islice(usable, TEMPLATES_PER_CALL))
 
 
 def _used(revision_id: uuid.UUID) -> None:
