@@ -12,18 +12,11 @@ import pytest
 from django.db import connection
 
 from core.db import db_now
-from tests.concurrency.threads import LockHolder
+from tests.concurrency.threads import LockHolder, waits_on_a_lock
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, complete, running, starting
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-def _waits_on_a_lock(pid: int) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
-        row = cursor.fetchone()
-    return row is not None and row[0] == "Lock"
 
 
 def _behind_the_worker_lock(held, call):
@@ -53,7 +46,7 @@ def _behind_the_worker_lock(held, call):
     assert ready.wait(10)
     if connection.vendor == "postgresql":
         deadline = time.monotonic() + 10
-        while not _waits_on_a_lock(outcome["pid"]):
+        while not waits_on_a_lock(outcome["pid"]):
             assert time.monotonic() < deadline, "the call never waited on the worker lock"
             time.sleep(0.02)
     time.sleep(0.2)

@@ -16,18 +16,11 @@ from core.errors import DomainError
 from leases.models import RunDispatchLease
 from protocol import wire
 from runs.models import Run, RunAttempt
-from tests.concurrency.threads import LockHolder
+from tests.concurrency.threads import LockHolder, waits_on_a_lock
 from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-def _backend_waits_on_a_lock(pid: int) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
-        row = cursor.fetchone()
-    return row is not None and row[0] == "Lock"
 
 
 def test_a_claim_behind_a_held_worker_lock_waits_then_succeeds():
@@ -59,7 +52,7 @@ def test_a_claim_behind_a_held_worker_lock_waits_then_succeeds():
     if connection.vendor == "postgresql":
         # observe the claim blocked on the row lock (not a guess based on timing)
         deadline = time.monotonic() + 10
-        while not _backend_waits_on_a_lock(outcome["pid"]):
+        while not waits_on_a_lock(outcome["pid"]):
             assert time.monotonic() < deadline, "the claim never waited on the worker lock"
             time.sleep(0.02)
     else:

@@ -13,6 +13,24 @@ from django.db import connection, transaction
 from workers.models import Worker
 
 
+def waits_on_a_lock(pid: int) -> bool:
+    """True while the backend ``pid`` waits for a lock (``pg_stat_activity``), read on this
+    thread's own connection, in autocommit (inside a transaction the view would not change)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+def libpq_params() -> dict[str, Any]:
+    """The default database's connection parameters for a plain ``psycopg.connect`` (a connection
+    Django does not manage, e.g. one that holds a row lock from another thread)."""
+    params = connection.get_connection_params()
+    for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool"):
+        params.pop(key, None)
+    return params
+
+
 def race(*contenders: Callable[[], Any], timeout: float = 60) -> list[tuple[str, Any]]:
     """Run the callables at the same instant; return ``("ok", value)`` or ``("error", exc)`` each."""
     barrier = threading.Barrier(len(contenders))

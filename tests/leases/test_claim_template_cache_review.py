@@ -30,20 +30,13 @@ from django.db import connection
 
 from actions.leases import claims
 from leases.models import RunDispatchLease
-from tests.concurrency.threads import LockHolder
+from tests.concurrency.threads import LockHolder, waits_on_a_lock
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim, claim_one, complete, start
 
 # PostgreSQL only: the template cache serves ql_lease_claim's answers; SQLite's Python path builds
 # the spec itself (and there the lock holder would hold the whole database's write lock).
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
-
-
-def _waits_on_a_lock(pid: int) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
-        row = cursor.fetchone()
-    return row is not None and row[0] == "Lock"
 
 
 def test_a_committed_claim_is_answered_when_the_template_cache_is_cleared_during_the_call(
@@ -86,7 +79,7 @@ def test_a_committed_claim_is_answered_when_the_template_cache_is_cleared_during
     thread.start()
     assert ready.wait(10)
     deadline = time.monotonic() + 10
-    while not _waits_on_a_lock(outcome["pid"]):
+    while not waits_on_a_lock(outcome["pid"]):
         assert time.monotonic() < deadline, "the first claim never waited on the worker lock"
         time.sleep(0.02)
     # Meanwhile the second worker claims y: learning y's template clears the full cache.

@@ -24,25 +24,11 @@ from actions.leases import claims
 from audit.models import Event
 from leases.models import RunDispatchLease
 from runs.models import RunAttempt
+from tests.concurrency.threads import libpq_params, waits_on_a_lock
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
-
-
-def _waits_on_a_lock(pid: int) -> bool:
-    with psycopg.connect(**_params(), autocommit=True) as observer:
-        row = observer.execute(
-            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
-        ).fetchone()
-    return row is not None and row[0] == "Lock"
-
-
-def _params() -> dict:
-    params = connection.get_connection_params()
-    for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool"):
-        params.pop(key, None)
-    return params
 
 
 def test_a_claim_whose_attempt_changed_under_its_write_is_run_again_and_claims_once(
@@ -66,14 +52,17 @@ def test_a_claim_whose_attempt_changed_under_its_write_is_run_again_and_claims_o
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         claimer_pid = cursor.fetchone()[0]
-    blocker = psycopg.connect(**_params())
+    blocker = psycopg.connect(**libpq_params())
     blocker.execute("UPDATE runs_runattempt SET version = version + 1 WHERE id = %s", [attempt.pk])
 
     def commit_once_the_claim_waits() -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not _waits_on_a_lock(claimer_pid):
-            time.sleep(0.02)
-        blocker.commit()
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not waits_on_a_lock(claimer_pid):
+                time.sleep(0.02)
+            blocker.commit()
+        finally:
+            connection.close()  # this thread's own
 
     committer = threading.Thread(target=commit_once_the_claim_waits, daemon=True)
     committer.start()
