@@ -115,6 +115,8 @@ TEMPLATES = [
 _request_slots = env.int("QINGLONG_MAX_ACTIVE_REQUESTS", default=8)
 
 # --- storage -----------------------------------------------------------------------------------
+#: psycopg's ``prepare_threshold`` that never prepares a query by count: only on request.
+PG_PREPARE_ONLY_ASKED = 2**31 - 1
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'qinglong.sqlite3'}"),
 }
@@ -139,6 +141,14 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
     # A claim or transition blocked behind a held row lock waits this long, then fails with the
     # `lock_timeout` code (core.db.write_path) instead of hanging a worker request.
     _db["OPTIONS"]["options"] = f"-c lock_timeout={env.int('QINGLONG_PG_LOCK_TIMEOUT_MS', default=5000)}"
+    # Django turns psycopg's prepared statements off (for transaction-mode poolers). The hot
+    # paths' server-function calls ask for one each (core.db.call_function, prepare=True): parsed
+    # and planned once per connection, not on every call. This threshold keeps every other query
+    # unprepared; QINGLONG_PG_PREPARED_STATEMENTS=false turns preparing off entirely, for a pooler
+    # that cannot keep them (docs/deploy.md, "Connection poolers").
+    _db["OPTIONS"]["prepare_threshold"] = (
+        PG_PREPARE_ONLY_ASKED if env.bool("QINGLONG_PG_PREPARED_STATEMENTS", default=True) else None
+    )
     _db["CONN_MAX_AGE"] = env.int("QINGLONG_DB_CONN_MAX_AGE", default=60)
     _db["CONN_HEALTH_CHECKS"] = True
     if env.bool("QINGLONG_SERVE_DB_POOL", default=False):  # core.conf.SERVE_DB_POOL_VARIABLE

@@ -221,6 +221,23 @@ def pg_conninfo() -> dict:
     return {key: params[key] for key in ("host", "port", "user", "password", "dbname") if params.get(key)}
 
 
+@real_transactions
+@pytest.mark.postgres
+def test_pg_a_server_function_call_is_prepared_once_per_connection_and_other_queries_are_not():
+    """call_function asks psycopg to prepare (docs/performance.md): Django's default
+    ``prepare_threshold`` (None) would silently send Parse for the call every time."""
+    sql = core.db.typed_call("pg_catalog.abs", "integer")
+    connection.close()
+    for value in (-1, -2, -3):
+        assert core.db.call_function(sql, [value]) == (-value,)
+    Worker.objects.filter(name="unprepared").exists()
+    Worker.objects.filter(name="unprepared").exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert prepared == ["SELECT pg_catalog.abs($1::integer)"]
+
+
 def raise_sqlstate(code: str) -> None:
     with connection.cursor() as cursor:
         cursor.execute(f"DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '{code}'; END $$")
