@@ -222,20 +222,20 @@ def is_unique_violation(exc: IntegrityError) -> bool:
     return _sqlstate(exc) == "23505" or "UNIQUE constraint failed" in str(exc)
 
 
-def call_function(sql: str, params: list) -> tuple:
-    """PostgreSQL: run ``sql`` (one ``SELECT f(%b::t, …)``, …, its placeholders ``%b``: binary) and
-    return its one row; for the hot paths' server functions (docs/performance.md, "Where the time
-    goes"). :func:`typed_call` writes such a call.
+def prepared_row(sql: str, params: list | dict) -> tuple | None:
+    """PostgreSQL: run ``sql`` as a prepared statement and return its first row, or None.
 
-    The statement is bound on the server and prepared once per connection (psycopg's
-    ``prepare=True``): a claim's arrays, digests and spec templates are never quoted into SQL text
-    in Python (parameters and result travel in the binary format: no escaping of a template's
-    quotes), and the server neither parses nor plans the call again. It runs in the caller's
-    transaction, errors surface as Django's database errors (so :func:`write_path` retries and maps
-    them as for any statement), a kept connection gets Django's once-per-request health check as a
-    cursor would (``CONN_HEALTH_CHECKS``), and it is recorded in ``connection.queries`` when queries are
-    logged, so the query-count budgets still count it. ``params``: psycopg-adaptable values
-    (lists → arrays, ``timedelta`` → interval).
+    ``sql``'s placeholders are ``%b`` (or ``%(name)b`` with a dict of ``params``): bound on the
+    server in the binary format, never quoted into the text, so each one is cast to its type in
+    the SQL (a bound ``str`` is ``text``, not a UUID; :func:`typed_call`). The statement is
+    prepared once per connection (psycopg's ``prepare=True``; ``qinglong.settings`` sets the
+    ``prepare_threshold`` that honours it, docs/performance.md "The function calls were never
+    prepared"), so the server neither parses nor plans it again. It runs in the caller's
+    transaction (or is its own, on an autocommit connection), errors surface as Django's database
+    errors (so :func:`write_path` retries and maps them as for any statement), a kept connection
+    gets Django's once-per-request health check as a cursor would (``CONN_HEALTH_CHECKS``), and it
+    is recorded in ``connection.queries`` when queries are logged, so the query-count budgets
+    still count it. ``params``: psycopg-adaptable values (lists → arrays, ``timedelta`` → interval).
     """
     connection.close_if_health_check_failed()  # as Django's cursor() does (CONN_HEALTH_CHECKS)
     connection.ensure_connection()
@@ -243,10 +243,19 @@ def call_function(sql: str, params: list) -> tuple:
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params, prepare=True, binary=True)
         row = cursor.fetchone()
-    if row is None:
-        raise DatabaseError(f"{sql[:60]}… answered no row")
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+    return row
+
+
+def call_function(sql: str, params: list) -> tuple:
+    """PostgreSQL: run ``sql`` (one ``SELECT f(%b::t, …)``, …; :func:`typed_call` writes such a
+    call) with :func:`prepared_row` and return its one row; for the hot paths' server functions
+    (docs/performance.md, "Where the time goes"). Raises ``DatabaseError`` if it answers no row.
+    """
+    row = prepared_row(sql, params)
+    if row is None:
+        raise DatabaseError(f"{sql[:60]}… answered no row")
     return row
 
 

@@ -3,6 +3,7 @@ cost)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -12,7 +13,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from audit.liveness import expiry_cutoff
-from core.db import db_now, write_path
+from core.db import db_now, prepared_row, write_path
 from core.errors import DomainError
 from leases.selectors import cancel_requested_attempt_ids
 from workers.fence import Purpose, check_session, lock_and_fence, refence_after_miss
@@ -220,6 +221,19 @@ SELECT cur.*, upd.version, upd.available_slots, upd.lease_expires_at,
               ORDER BY l.attempt_id)
   FROM cur LEFT JOIN upd ON true
 """.replace("%(slots)s", "(CASE WHEN s.state = 'draining' THEN 0 ELSE %(reported)s END)")  # effective slots
+# Prepared once per connection (core.db.prepared_row): each parameter bound in the binary format
+# and cast to its type.
+for _name, _type in {
+    "worker": "uuid",
+    "session": "uuid",
+    "generation": "bigint",
+    "version": "bigint",
+    "reported": "bigint",
+    "half": "interval",
+    "ttl": "interval",
+}.items():
+    _HEARTBEAT_SQL = _HEARTBEAT_SQL.replace(f"%({_name})s", f"%({_name})b::{_type}")
+assert not re.search(r"%\(\w+\)s", _HEARTBEAT_SQL)  # every placeholder typed
 _SESSION_END = len(_SESSION_COLUMNS)
 _WORKER_END = _SESSION_END + len(_WORKER_COLUMNS)
 
@@ -251,9 +265,7 @@ def _heartbeat_statement(
         "half": ttl / 2,
         "ttl": ttl,
     }
-    with connection.cursor() as cursor:
-        cursor.execute(_HEARTBEAT_SQL, params)
-        row = cursor.fetchone()
+    row = prepared_row(_HEARTBEAT_SQL, params)
     if row is None:
         raise DomainError("worker_not_found", "no such worker")
     worker = Worker.from_db(connection.alias, _WORKER_COLUMNS, row[_SESSION_END:_WORKER_END])
