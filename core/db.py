@@ -236,16 +236,51 @@ def prepared_row(sql: str, params: list | dict) -> tuple | None:
     gets Django's once-per-request health check as a cursor would (``CONN_HEALTH_CHECKS``), and it
     is recorded in ``connection.queries`` when queries are logged, so the query-count budgets
     still count it. ``params``: psycopg-adaptable values (lists → arrays, ``timedelta`` → interval).
+    A failed call outside a transaction drops the connection's prepared statements
+    (:func:`_deallocate_all`); one that failed because its cached plan went stale is run once
+    more, prepared afresh. Errors raised: Django's ``DatabaseError`` family.
     """
     connection.close_if_health_check_failed()  # as Django's cursor() does (CONN_HEALTH_CHECKS)
     connection.ensure_connection()
     started = time.monotonic()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(sql, params, prepare=True, binary=True)
-        row = cursor.fetchone()
+    try:
+        row = _execute_prepared(sql, params)
+    except DatabaseError as exc:
+        if connection.in_atomic_block:
+            raise  # the caller's rollback makes psycopg deallocate them all (ROLLBACK)
+        _deallocate_all()
+        if _sqlstate(exc) != _PG_PLAN_CHANGED_RESULT:
+            raise
+        row = _execute_prepared(sql, params)  # prepared afresh against the schema as it is now
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
     return row
+
+
+#: "cached plan must not change result type": another process changed what a prepared statement
+#: reads (a column's type, a function's result type) since this connection prepared it.
+_PG_PLAN_CHANGED_RESULT = "0A000"
+
+
+def _execute_prepared(sql: str, params: list | dict) -> tuple | None:
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params, prepare=True, binary=True)
+        return cursor.fetchone()
+
+
+def _deallocate_all() -> None:
+    """After a failed call on an autocommit connection: drop the connection's prepared statements.
+
+    A statement whose first execution fails stays prepared on the server under a name psycopg has
+    forgotten (it prepares it again under a new one next time), and nothing rolls back to clear it;
+    a stale one (``0A000``) would fail on every call. ``DEALLOCATE ALL`` sent through psycopg also
+    empties psycopg's own cache, so every call is prepared again on its next use. Best effort: a
+    broken connection is Django's to replace.
+    """
+    try:
+        connection.connection.execute("DEALLOCATE ALL")
+    except psycopg.Error:
+        log.warning("could not deallocate this connection's prepared statements", exc_info=True)
 
 
 def call_function(sql: str, params: list) -> tuple:

@@ -222,13 +222,15 @@ SELECT cur.*, upd.version, upd.available_slots, upd.lease_expires_at,
   FROM cur LEFT JOIN upd ON true
 """.replace("%(slots)s", "(CASE WHEN s.state = 'draining' THEN 0 ELSE %(reported)s END)")  # effective slots
 # Prepared once per connection (core.db.prepared_row): each parameter bound in the binary format
-# and cast to its type.
+# and cast to its type. The worker's integers are compared as ``numeric``: a fence value past the
+# bigint range (the API allows 19 digits) then simply matches no row and is refused with its fence
+# code, instead of failing the cast.
 for _name, _type in {
     "worker": "uuid",
     "session": "uuid",
-    "generation": "bigint",
-    "version": "bigint",
-    "reported": "bigint",
+    "generation": "numeric",
+    "version": "numeric",
+    "reported": "numeric",
     "half": "interval",
     "ttl": "interval",
 }.items():

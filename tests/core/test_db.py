@@ -16,7 +16,7 @@ from datetime import UTC, timedelta
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import core.db
@@ -236,6 +236,47 @@ def test_pg_a_server_function_call_is_prepared_once_per_connection_and_other_que
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         prepared = [row[0] for row in cursor.fetchall()]
     assert prepared == ["SELECT pg_catalog.abs($1::integer)"]
+
+
+def _prepared_count() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        return cursor.fetchone()[0]
+
+
+@real_transactions
+@pytest.mark.postgres
+def test_pg_a_call_that_fails_leaves_no_prepared_statement_behind():
+    """A first execution that fails leaves its statement prepared on the server under a name
+    psycopg forgets; repeated, that would pile up on a pooled connection."""
+    connection.close()
+    sql = "SELECT 1 / %b::integer"
+    for _ in range(5):
+        with pytest.raises(DatabaseError):
+            core.db.prepared_row(sql, [0])
+    assert _prepared_count() == 0
+    assert core.db.prepared_row(sql, [1]) == (1,)
+    assert _prepared_count() == 1
+
+
+@real_transactions
+@pytest.mark.postgres
+def test_pg_a_prepared_call_gone_stale_by_another_connections_change_is_prepared_afresh():
+    """Another process (a migration on another replica) changes the result type of what a
+    prepared statement reads: the next call would fail with 0A000 on every call until the
+    connection was recycled; it is answered by the current schema instead."""
+    other = psycopg.connect(**pg_conninfo(), autocommit=True)
+    try:
+        other.execute("CREATE FUNCTION ql_test_shape() RETURNS integer LANGUAGE sql AS 'SELECT 1'")
+        connection.close()
+        assert core.db.prepared_row("SELECT ql_test_shape()", []) == (1,)
+        other.execute("DROP FUNCTION ql_test_shape()")
+        other.execute("CREATE FUNCTION ql_test_shape() RETURNS text LANGUAGE sql AS $$SELECT 'two'$$")
+        assert core.db.prepared_row("SELECT ql_test_shape()", []) == ("two",)
+        assert core.db.prepared_row("SELECT ql_test_shape()", []) == ("two",)
+    finally:
+        other.execute("DROP FUNCTION IF EXISTS ql_test_shape()")
+        other.close()
 
 
 def raise_sqlstate(code: str) -> None:
