@@ -275,10 +275,13 @@ def _deallocate_all() -> None:
     forgotten (it prepares it again under a new one next time), and nothing rolls back to clear it;
     a stale one (``0A000``) would fail on every call. ``DEALLOCATE ALL`` sent through psycopg also
     empties psycopg's own cache, so every call is prepared again on its next use. Best effort: a
-    broken connection is Django's to replace.
+    closed or broken connection (an outage) is skipped, and Django replaces it.
     """
+    raw = connection.connection
+    if raw is None or raw.closed:  # closed, or broken by an outage
+        return  # its statements went with it
     try:
-        connection.connection.execute("DEALLOCATE ALL")
+        raw.execute("DEALLOCATE ALL")
     except psycopg.Error:
         log.warning("could not deallocate this connection's prepared statements", exc_info=True)
 

@@ -142,7 +142,7 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
     # `lock_timeout` code (core.db.write_path) instead of hanging a worker request.
     _db["OPTIONS"]["options"] = f"-c lock_timeout={env.int('QINGLONG_PG_LOCK_TIMEOUT_MS', default=5000)}"
     # Django turns psycopg's prepared statements off (for transaction-mode poolers). The hot
-    # paths' server-function calls ask for one each (core.db.call_function, prepare=True): parsed
+    # paths' statements ask for one each (core.db.prepared_row, prepare=True): parsed
     # and planned once per connection, not on every call. This threshold keeps every other query
     # unprepared; QINGLONG_PG_PREPARED_STATEMENTS=false turns preparing off entirely, for a pooler
     # that cannot keep them (docs/deploy.md, "Connection poolers").

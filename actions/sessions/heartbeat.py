@@ -3,7 +3,6 @@ cost)."""
 
 from __future__ import annotations
 
-import re
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -189,53 +188,45 @@ _WORKER_COLUMNS = [str(field.column) for field in Worker._meta.concrete_fields]
 #: compare-and-swap did) and the lease is still live by the clock read when the row is updated,
 #: after any row-lock wait. The unchanged heartbeat matches no row: no lock, no row version, no
 #: WAL. An extension changes only ``lease_expires_at`` (not indexed) in place: a HOT update.
+#: Prepared once per connection (core.db.prepared_row), each parameter bound in the binary format
+#: and cast to its type; the worker's integers are compared as ``numeric``, so a fence value past
+#: the bigint range (the API allows 19 digits) matches no row and is refused with its fence code.
 _HEARTBEAT_SQL = f"""
 WITH cur AS (
     SELECT {", ".join(f"s.{c} AS s_{c}" for c in _SESSION_COLUMNS)},
            {", ".join(f"w.{c} AS w_{c}" for c in _WORKER_COLUMNS)},
            statement_timestamp() AS now
       FROM workers_worker w
-      LEFT JOIN workers_workersession s ON s.id = %(session)s AND s.worker_id = w.id
-     WHERE w.id = %(worker)s
+      LEFT JOIN workers_workersession s ON s.id = %(session)b::uuid AND s.worker_id = w.id
+     WHERE w.id = %(worker)b::uuid
 ), upd AS (
     UPDATE workers_workersession s
-       SET lease_expires_at = CASE WHEN s.lease_expires_at - cur.now < %(half)s
-                                   THEN cur.now + %(ttl)s ELSE s.lease_expires_at END,
+       SET lease_expires_at = CASE WHEN s.lease_expires_at - cur.now < %(half)b::interval
+                                   THEN cur.now + %(ttl)b::interval ELSE s.lease_expires_at END,
            available_slots = %(slots)s,
            version = s.version + CASE WHEN %(slots)s <> s.available_slots THEN 1 ELSE 0 END
       FROM cur
-     WHERE s.id = %(session)s AND s.worker_id = %(worker)s
+     WHERE s.id = %(session)b::uuid AND s.worker_id = %(worker)b::uuid
        AND cur.w_state <> 'revoked'
        AND s.state IN ('online', 'draining') AND s.state = cur.s_state
-       AND s.generation = %(generation)s AND s.version = %(version)s AND s.version = cur.s_version
+       AND s.generation = %(generation)b::numeric
+       AND s.version = %(version)b::numeric AND s.version = cur.s_version
        AND s.available_slots = cur.s_available_slots
        AND s.lease_expires_at = cur.s_lease_expires_at AND s.lease_expires_at > clock_timestamp()
-       AND %(reported)s <= s.max_concurrent_runs
-       AND (s.lease_expires_at - cur.now < %(half)s OR %(slots)s <> s.available_slots)
+       AND %(reported)b::numeric <= s.max_concurrent_runs
+       AND (s.lease_expires_at - cur.now < %(half)b::interval OR %(slots)s <> s.available_slots)
     RETURNING s.version, s.available_slots, s.lease_expires_at
 )
 SELECT cur.*, upd.version, upd.available_slots, upd.lease_expires_at,
        ARRAY(SELECT l.attempt_id FROM leases_rundispatchlease l JOIN runs_run r ON r.id = l.run_id
-              WHERE l.session_id = %(session)s AND l.state = 'leased'
+              WHERE l.session_id = %(session)b::uuid AND l.state = 'leased'
                 AND r.cancel_requested_at IS NOT NULL
               ORDER BY l.attempt_id)
   FROM cur LEFT JOIN upd ON true
-""".replace("%(slots)s", "(CASE WHEN s.state = 'draining' THEN 0 ELSE %(reported)s END)")  # effective slots
-# Prepared once per connection (core.db.prepared_row): each parameter bound in the binary format
-# and cast to its type. The worker's integers are compared as ``numeric``: a fence value past the
-# bigint range (the API allows 19 digits) then simply matches no row and is refused with its fence
-# code, instead of failing the cast.
-for _name, _type in {
-    "worker": "uuid",
-    "session": "uuid",
-    "generation": "numeric",
-    "version": "numeric",
-    "reported": "numeric",
-    "half": "interval",
-    "ttl": "interval",
-}.items():
-    _HEARTBEAT_SQL = _HEARTBEAT_SQL.replace(f"%({_name})s", f"%({_name})b::{_type}")
-assert not re.search(r"%\(\w+\)s", _HEARTBEAT_SQL)  # every placeholder typed
+""".replace(
+    "%(slots)s",
+    "(CASE WHEN s.state = 'draining' THEN 0 ELSE %(reported)b::numeric END)",  # effective slots
+)
 _SESSION_END = len(_SESSION_COLUMNS)
 _WORKER_END = _SESSION_END + len(_WORKER_COLUMNS)
 
