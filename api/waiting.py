@@ -72,6 +72,10 @@ STOP_POLL_SECONDS = 0.2
 
 #: Seconds without any waiting request after which the hub's thread ends (restarted on demand).
 IDLE_STOP_SECONDS = 10.0
+#: Seconds after the LISTEN connection opened when the hub's waiters look once more: a release or
+#: completion that found no listener just before this connection opened sends no wake-up
+#: (``core.wakeups``), and may have committed after the look the opening gave them.
+LISTEN_SETTLE_SECONDS = 1.0
 #: Seconds between two attempts to (re)open the LISTEN connection after it failed.
 LISTEN_RETRY_SECONDS = 1.0
 #: Waiting claims one session may hold in a process at once; a newer one supersedes the oldest,
@@ -424,20 +428,26 @@ class WakeHub:
                 if dependency_error(exc) is None:
                     log.exception("waiting claims: keeping the waiting sessions alive failed")
 
+    def _wake_all(self) -> None:
+        for waiter in self._all():
+            waiter.wake("worker")
+
     async def _listen(self) -> None:
         """PostgreSQL: hold one LISTEN connection and dispatch its notifications until cancelled."""
         params = connection.get_connection_params()
         for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
             params.pop(key, None)
+        params["application_name"] = wakeups.LISTENER_APPLICATION  # what writers look for
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(**params, autocommit=True)
                 async with conn:
                     await conn.execute(f"LISTEN {wakeups.CHANNEL}")
                     self.listening.set()
-                    # Whatever was committed while no connection listened: look again now.
-                    for waiter in self._all():
-                        waiter.wake("worker")
+                    # Whatever was committed while no connection listened: look again now, and
+                    # once more when writes that found no listener have committed.
+                    self._wake_all()
+                    asyncio.get_running_loop().call_later(LISTEN_SETTLE_SECONDS, self._wake_all)
                     async for notify in conn.notifies():
                         self.dispatch(notify.payload)
             except asyncio.CancelledError:

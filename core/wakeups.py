@@ -20,6 +20,16 @@ a notification inside a durable write transaction would queue every notifying co
 one before it and its flush (docs/performance.md). On SQLite (the single standalone process) it
 is an in-process call to the subscribers. Wake-ups are hints: a lost one costs latency, never
 correctness (waiters re-check on a slow timer).
+
+Nobody listening, nothing sent (PostgreSQL): a process holds its LISTEN connection only while
+some request waits there (``api.waiting``), under the application name
+:data:`LISTENER_APPLICATION`. The release's and the completion's one statement read
+:data:`LISTENING_SQL` after their writes, and when no such connection is open they send no
+wake-up — no statement after the commit. A busy fleet (every worker working, none waiting) then
+pays nothing for wake-ups (docs/performance.md, "Wake-ups only while someone waits"). A LISTEN
+connection that opens between that read and the write's commit would miss it; the hub wakes its
+waiters when the connection opens and once more :data:`~api.waiting.LISTEN_SETTLE_SECONDS`
+later, so they claim what such a write committed.
 """
 
 from __future__ import annotations
@@ -37,6 +47,15 @@ log = logging.getLogger(__name__)
 
 #: The PostgreSQL notification channel; payloads are ``c:<placement sha256>`` or ``w:<worker id>``.
 CHANNEL = "qinglong_wake"
+
+#: The ``application_name`` of the LISTEN connections (``api.waiting``).
+LISTENER_APPLICATION = "qinglong-wake"
+#: A column for a hot write path's one statement: whether any process of this database holds a
+#: LISTEN connection now (``pg_stat_activity`` shows every role's application names).
+LISTENING_SQL = (
+    "EXISTS (SELECT 1 FROM pg_stat_activity"
+    f" WHERE application_name = '{LISTENER_APPLICATION}' AND datname = current_database())"
+)
 WORK_PREFIX = "c:"
 WORKER_PREFIX = "w:"
 

@@ -17,7 +17,7 @@ from audit.models import ActorType
 from audit.recorder import record
 from core.db import call_function, typed_call, write_path
 from core.errors import DomainError
-from core.wakeups import worker_changed
+from core.wakeups import LISTENING_SQL, worker_changed
 from leases.fence import (
     fence_lease,
     lease_cas,
@@ -190,10 +190,14 @@ _attempts: dict[uuid.UUID, tuple[uuid.UUID, int]] = {}
 #: {revision id: the revision}; a pinned revision is immutable.
 _revisions: dict[uuid.UUID, TaskRevision] = {}
 
-_COMPLETE_SQL = typed_call(
-    "ql_lease_complete",
-    "uuid, uuid, bigint, uuid, integer, text, uuid, integer, integer, text, integer, text, text, text, "
-    "text[], text[], text[], interval[], jsonb",
+#: The completion, and whether any process holds waiting claims to wake (``core.wakeups``).
+_COMPLETE_SQL = (
+    typed_call(
+        "ql_lease_complete",
+        "uuid, uuid, bigint, uuid, integer, text, uuid, integer, integer, text, integer, text, text, text, "
+        "text[], text[], text[], interval[], jsonb",
+    )
+    + f", {LISTENING_SQL}"
 )
 
 
@@ -294,12 +298,13 @@ def _complete_in_database(
             completion.sha256(),
             *plan,
         ]
-        (answer,) = call_function(_COMPLETE_SQL, params)
+        answer, listening = call_function(_COMPLETE_SQL, params)
         if isinstance(answer, str):
             answer = json.loads(answer)
         if answer["status"] == "completed":
             _attempts.pop(attempt_id, None)
-            worker_changed(worker_id)  # capacity freed: the worker's waiting requests answer it
+            if listening:
+                worker_changed(worker_id)  # capacity freed: the worker's waiting requests answer it
             return CompletionResult(attempt_id, lease_generation, completion.sequence, completion.outcome)
         if answer["status"] != "learn":
             return None

@@ -11,7 +11,7 @@ from audit.models import ActorType
 from core.conf import protocol
 from core.db import call_function, typed_call, write_path
 from core.errors import DomainError
-from core.wakeups import worker_and_work
+from core.wakeups import LISTENING_SQL, worker_and_work
 from leases.fence import (
     AckResult,
     check_lease_version,
@@ -142,10 +142,13 @@ def lease_release(
 
 
 _RENEW_SQL = typed_call("ql_lease_release", "uuid, uuid, bigint, uuid, integer, text, integer, interval")
-#: A release also reads the attempt's placement class: once it has committed, it wakes waiting
-#: claims (``core.wakeups``), the worker's own (capacity freed) and those that can run the
-#: attempt, back in the queue. The Python path sends its own when it settles.
-_RELEASE_SQL = f"{_RENEW_SQL}, (SELECT a.placement_sha256 FROM runs_runattempt a WHERE a.id = %b::uuid)"
+#: A release also reads the attempt's placement class and whether anyone listens: once it has
+#: committed, it wakes waiting claims (``core.wakeups``), the worker's own (capacity freed) and
+#: those that can run the attempt, back in the queue — if some process holds waiting claims.
+#: The Python path sends its own when it settles.
+_RELEASE_SQL = (
+    f"{_RENEW_SQL}, (SELECT a.placement_sha256 FROM runs_runattempt a WHERE a.id = %b::uuid), {LISTENING_SQL}"
+)
 
 
 def _in_database(
@@ -176,7 +179,7 @@ def _in_database(
         renew_by,
     ]
     if renew_by is None:
-        answer, placement_sha256 = call_function(_RELEASE_SQL, [*params, attempt_id])
+        answer, placement_sha256, listening = call_function(_RELEASE_SQL, [*params, attempt_id])
     else:
         (answer,) = call_function(_RENEW_SQL, params)
     if isinstance(answer, str):
@@ -188,7 +191,8 @@ def _in_database(
     lease.version = answer["version"]
     lease.expires_at = datetime.fromisoformat(answer["expires"])
     if status == "released":
-        worker_and_work(worker_id, placement_sha256)
+        if listening:
+            worker_and_work(worker_id, placement_sha256)
         lease.state, lease.release_reason = LeaseState.RELEASED, ReleaseReason.WORKER_RELEASE
         lease.ended_at = datetime.fromisoformat(answer["ended"])
     return AckResult(status, lease, bool(answer["cancel"]), renew_interval())

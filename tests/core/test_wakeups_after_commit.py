@@ -38,6 +38,7 @@ def heard():
         params = connection.get_connection_params()
         for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool"):
             params.pop(key, None)
+        params["application_name"] = wakeups.LISTENER_APPLICATION  # as api.waiting's connection
         listener = psycopg.connect(**params, autocommit=True)
         listener.execute(f"LISTEN {wakeups.CHANNEL}")
 
@@ -45,6 +46,7 @@ def heard():
             payloads.extend(n.payload for n in listener.notifies(timeout=timeout, stop_after=100))
             return payloads
 
+        collect.close = listener.close  # the listener goes away
         yield collect
         listener.close()
     else:
@@ -121,7 +123,46 @@ def test_a_lease_call_on_postgresql_is_one_statement_outside_any_begin(protocol_
     with CaptureQueriesContext(connection) as queries:
         release(held)
     sqls = [q["sql"] for q in queries.captured_queries]
-    assert [("ql_lease_release" in sql, "pg_notify" in sql) for sql in sqls] == [(True, False), (False, True)]
+    # nobody listens (no waiting claims anywhere): no wake-up statement after the commit
+    assert [("ql_lease_release" in sql, "pg_notify" in sql) for sql in sqls] == [(True, False)]
+
+
+@pytest.mark.postgres
+def test_a_release_and_a_completion_send_wake_ups_only_while_some_connection_listens(
+    heard, protocol_settings
+):
+    """With a LISTEN connection of the waiting-claims hub open (the fixture's, another connection),
+    the release's and the completion's wake-ups leave after their commit; once it has closed, a
+    release and a completion send none (core.wakeups, "Nobody listening, nothing sent")."""
+    protocol_settings(DISPATCH_HOLD_SECONDS=0)  # no claim ranking: the functions answer alone
+    session = register(enrolled_worker())
+    revision = make_revision()
+    for _ in range(4):
+        enqueue(revision)
+    worker_wake = wakeups.WORKER_PREFIX + str(session.worker.worker_id)
+
+    def notifies(call) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            call()
+        return _notifies(queries.captured_queries)
+
+    complete(start(claim_one(session)))  # this process learns the placement class and the template
+    assert len(notifies(lambda: release(claim_one(session)))) == 1
+    assert len(notifies(lambda: complete(start(claim_one(session))))) == 1
+    wait_for(lambda: worker_wake in heard(), 10, "the completion's wake-up")
+    heard.close()  # the only listener goes away
+    wait_for(lambda: not _listeners(), 10, "the listener's backend to end")
+    assert notifies(lambda: release(claim_one(session))) == []
+    assert notifies(lambda: complete(start(claim_one(session)))) == []
+
+
+def _listeners() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            [wakeups.LISTENER_APPLICATION],
+        )
+        return cursor.fetchone()[0]
 
 
 @pytest.mark.postgres

@@ -333,6 +333,7 @@ def test_the_functions_send_the_wake_ups_the_orm_path_sends(orm_only):
     params = connection.get_connection_params()
     for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
         params.pop(key, None)
+    params["application_name"] = wakeups.LISTENER_APPLICATION  # as api.waiting's connection
     listener = psycopg.connect(**params, autocommit=True)
     listener.execute(f"LISTEN {wakeups.CHANNEL}")
     try:

@@ -27,6 +27,7 @@ from actions.credentials import credential_force_rotation
 from actions.runs import run_cancel
 from actions.sessions.heartbeat import session_keep_alive, sessions_keep_alive
 from actions.workers import worker_drain, worker_revoke
+from api import waiting as waiting_hub
 from api.leases.waiting import claim_wait
 from api.waiting import HUB, MAX_WAITS_PER_SESSION
 from core import wakeups
@@ -487,3 +488,45 @@ def test_a_wait_that_queued_before_its_view_ends_by_its_bound_from_arrival(proto
     body, took = asyncio.run(wait())
     assert body["ended"] == "timeout" and body["waitSeconds"] == 1.5, body
     assert took < 1.0, took
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_work_committed_without_a_wake_up_as_the_listen_connection_opened_is_claimed_at_its_second_look(
+    live_server, protocol_settings, monkeypatch
+):
+    """A release or completion that found no LISTEN connection open sends no wake-up
+    (core.wakeups); one that did so just as a process's connection opened commits after that
+    connection's first look. The hub looks once more ``LISTEN_SETTLE_SECONDS`` after opening:
+    here the work is committed with its wake-up left out just before that second look, with the
+    slow re-check a minute away, and the waiting claim takes it at that look."""
+    protocol_settings(CLAIM_WAIT_RECHECK_SECONDS=60)
+    monkeypatch.setattr(waiting_hub, "LISTEN_SETTLE_SECONDS", 0.5)
+    session = register(enrolled_worker())
+    revision = make_revision()
+    looks: list[float] = []
+    second_look, committed = threading.Event(), threading.Event()
+    wake_all = HUB._wake_all
+
+    def looking() -> None:
+        looks.append(time.monotonic())
+        if len(looks) == 2:  # the hub's thread holds its second look until the work is in
+            second_look.set()
+            committed.wait(30)
+        wake_all()
+
+    monkeypatch.setattr(HUB, "_wake_all", looking)
+    answers: list[tuple[int, dict]] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(wait_request(live_server.url, session, wait=30)), daemon=True
+    )
+    waiting.start()
+    assert second_look.wait(30), "the hub never looked a second time after its LISTEN connection opened"
+    monkeypatch.setattr(wakeups, "notify", lambda payloads: None)  # as a write that found no listener
+    enqueue(revision)
+    committed.set()
+    waiting.join(40)
+    status, body = answers[0]
+    assert status == 200, body
+    assert body["ended"] == "offers" and len(body["offers"]) == 1, body
+    assert looks[1] - looks[0] >= 0.5
