@@ -10,6 +10,14 @@ planned once per connection and reused until the plan cache invalidates it (a sc
 fresh statistics on a table it reads, as autovacuum's ``ANALYZE`` brings). Answers are unchanged;
 only where the planning happens moves.
 
+A plan made once is made from the statistics of that moment: a connection opened while the lease
+table was nearly empty (a new installation, a benchmark's fresh fixture) planned the capacity,
+replay and lease lookups as sequential scans and kept them while the table grew, each claim then
+reading every lease row until autovacuum's next ``ANALYZE``. Every statement of these functions
+reads its rows by key, so ``enable_seqscan = off`` is set on them too: an index is used whatever
+the statistics say (a table with no usable index is still scanned, the setting only weighs
+against it).
+
 ``CREATE OR REPLACE FUNCTION`` resets a function's settings, so a later migration that replaces
 one of these functions must set it again: ``tests/leases/test_query_budget.py`` checks every
 function in :data:`FUNCTIONS` carries it.
@@ -33,12 +41,18 @@ def _alter(schema_editor, clause: str) -> None:
         schema_editor.execute(f"ALTER FUNCTION {signature} {clause}")
 
 
+#: The settings each function carries (``proconfig``).
+SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
+
+
 def plan_once(apps, schema_editor):
-    _alter(schema_editor, "SET plan_cache_mode = force_generic_plan")
+    for name, value in SETTINGS.items():
+        _alter(schema_editor, f"SET {name} = {value}")
 
 
 def plan_per_call(apps, schema_editor):
-    _alter(schema_editor, "RESET plan_cache_mode")
+    for name in SETTINGS:
+        _alter(schema_editor, f"RESET {name}")
 
 
 class Migration(migrations.Migration):
