@@ -151,9 +151,18 @@ def test_a_release_and_a_completion_send_wake_ups_only_while_some_connection_lis
     assert len(notifies(lambda: complete(start(claim_one(session))))) == 1
     wait_for(lambda: worker_wake in heard(), 10, "the completion's wake-up")
     heard.close()  # the only listener goes away
-    wait_for(lambda: not _listeners(), 10, "the listener's backend to end")
+    _no_listeners_left()
     assert notifies(lambda: release(claim_one(session))) == []
     assert notifies(lambda: complete(start(claim_one(session)))) == []
+
+
+def _no_listeners_left() -> None:
+    """Wait until no LISTEN connection of the hub's name is left in this database; on a timeout,
+    fail naming the ones left (a hub an earlier test did not stop would be one)."""
+    try:
+        wait_for(lambda: not _listeners(), 30, "the listeners' backends to end")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {_listener_rows()}") from None
 
 
 def _listeners() -> int:
@@ -188,3 +197,12 @@ def test_the_database_path_runs_in_autocommit_and_shares_the_retry(monkeypatch):
         body(fail=99)
     assert busy.value.code == "storage_busy"
     assert isinstance(busy.value.__cause__, DatabaseError)
+
+
+def _listener_rows() -> list:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, state, backend_start, query FROM pg_stat_activity WHERE application_name = %s",
+            [wakeups.LISTENER_APPLICATION],
+        )
+        return cursor.fetchall()
