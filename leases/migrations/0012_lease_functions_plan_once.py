@@ -19,8 +19,8 @@ the statistics say (a table with no usable index is still scanned, the setting o
 against it).
 
 ``CREATE OR REPLACE FUNCTION`` resets a function's settings, so a later migration that replaces
-one of these functions must set it again: ``tests/leases/test_query_budget.py`` checks every
-function in :data:`FUNCTIONS` carries it.
+one of these functions must set them again: ``tests/leases/test_lease_function_plans.py`` checks
+every function in :data:`FUNCTIONS` carries them.
 """
 
 from django.db import migrations

@@ -162,16 +162,17 @@ def _no_listeners_left() -> None:
     try:
         wait_for(lambda: not _listeners(), 30, "the listeners' backends to end")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: {_listener_rows()}") from None
+        raise AssertionError(f"{exc}: {_listeners()}") from None
 
 
-def _listeners() -> int:
+def _listeners() -> list:
+    """(pid, state, backend start, query) of each LISTEN connection of the hub's name here."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            "SELECT pid, state, backend_start, query FROM pg_stat_activity WHERE application_name = %s",
             [wakeups.LISTENER_APPLICATION],
         )
-        return cursor.fetchone()[0]
+        return cursor.fetchall()
 
 
 @pytest.mark.postgres
@@ -197,12 +198,3 @@ def test_the_database_path_runs_in_autocommit_and_shares_the_retry(monkeypatch):
         body(fail=99)
     assert busy.value.code == "storage_busy"
     assert isinstance(busy.value.__cause__, DatabaseError)
-
-
-def _listener_rows() -> list:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid, state, backend_start, query FROM pg_stat_activity WHERE application_name = %s",
-            [wakeups.LISTENER_APPLICATION],
-        )
-        return cursor.fetchall()
