@@ -11,6 +11,8 @@ from __future__ import annotations
 from django.db import models
 from knox.models import AbstractAuthToken
 
+from core.lookups import one_of
+
 from .roles import Role
 
 
@@ -24,7 +26,7 @@ class ApiToken(AbstractAuthToken):
         ordering = ["-created"]
         verbose_name = "API token"
         constraints = [
-            models.CheckConstraint(condition=models.Q(role__in=Role.values), name="api_token_role_valid"),
+            models.CheckConstraint(condition=one_of("role", Role.values), name="api_token_role_valid"),
         ]
 
     def __str__(self) -> str:

@@ -11,6 +11,8 @@ keys so that the log outlives what it describes and never blocks a delete.
 from django.db import models
 from django.db.models.functions import Now
 
+from core.lookups import one_of
+
 
 class ActorType(models.TextChoices):
     WORKER = "worker"
@@ -59,7 +61,7 @@ class Event(models.Model):
         ]
         constraints = [
             models.CheckConstraint(
-                condition=models.Q(actor_type__in=ActorType.values), name="event_actor_type_valid"
+                condition=one_of("actor_type", ActorType.values), name="event_actor_type_valid"
             ),
         ]
 

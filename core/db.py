@@ -165,8 +165,9 @@ def write_path(
         with _sqlite_writer_turn(), transaction.atomic(durable=True):
             return fn(*args, **kwargs)
 
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+    def retried(args, kwargs, failure: BaseException) -> R:
+        # The first attempt's failure is replayed into tenacity as its attempt 1, so the budget,
+        # the waits and the log lines are exactly tenacity's; only a failure pays for them.
         retrying = Retrying(
             stop=stop_after_attempt(max(1, protocol().sqlite_busy_retries)),
             wait=wait_random_exponential(multiplier=0.02, max=0.5),
@@ -174,10 +175,23 @@ def write_path(
             before_sleep=lambda state: _before_retry(state, fn.__qualname__),
             reraise=True,
         )
+        replay = [failure]
+        for attempt in retrying:
+            with attempt:
+                if replay:
+                    raise replay.pop()
+                outcome = once(args, kwargs)
+        return outcome
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            for attempt in retrying:
-                with attempt:
-                    outcome = once(args, kwargs)
+            try:
+                outcome = once(args, kwargs)
+            except Exception as exc:  # is_transient decides; anything else is raised as it was
+                if not is_transient(exc):
+                    raise
+                outcome = retried(args, kwargs, exc)
         except OperationalError as exc:
             if _sqlstate(exc) == _PG_LOCK_NOT_AVAILABLE:
                 raise DomainError(

@@ -16,6 +16,7 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 
+from core.lookups import one_of
 from protocol.ids import uuid7
 
 
@@ -77,7 +78,7 @@ class RunDispatchLease(models.Model):
     class Meta:
         ordering = ["-claimed_at"]
         constraints = [
-            models.CheckConstraint(condition=Q(state__in=LeaseState.values), name="lease_state_valid"),
+            models.CheckConstraint(condition=one_of("state", LeaseState.values), name="lease_state_valid"),
             models.UniqueConstraint(
                 fields=["attempt"], condition=Q(state=LeaseState.LEASED), name="one_active_lease_per_attempt"
             ),
@@ -104,7 +105,8 @@ class RunDispatchLease(models.Model):
                 name="only_released_lease_has_reason",
             ),
             models.CheckConstraint(
-                condition=Q(release_reason__in=["", *ReleaseReason.values]), name="lease_release_reason_valid"
+                condition=one_of("release_reason", ["", *ReleaseReason.values]),
+                name="lease_release_reason_valid",
             ),
             # An active lease has no end; a completed or released one has.
             models.CheckConstraint(

@@ -12,8 +12,8 @@ until the last one arrives and the checksum is verified.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
 
+from core.lookups import one_of
 from runs.models import Run, RunAttempt
 
 
@@ -80,7 +80,7 @@ class LogChunk(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["attempt", "seq", "part"], name="logchunk_seq_unique"),
             models.CheckConstraint(
-                condition=Q(stream__in=["stdout", "stderr"]), name="logchunk_stream_valid"
+                condition=one_of("stream", ["stdout", "stderr"]), name="logchunk_stream_valid"
             ),
         ]
         indexes = [models.Index(fields=["attempt", "position"], name="logchunk_position_idx")]
@@ -112,7 +112,9 @@ class Artifact(models.Model):
         ordering = ["attempt", "name"]
         constraints = [
             models.UniqueConstraint(fields=["attempt", "name"], name="artifact_name_unique"),
-            models.CheckConstraint(condition=Q(state__in=ArtifactState.values), name="artifact_state_valid"),
+            models.CheckConstraint(
+                condition=one_of("state", ArtifactState.values), name="artifact_state_valid"
+            ),
         ]
         indexes = [models.Index(fields=["expires_at"], name="artifact_expires_idx")]
 

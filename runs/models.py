@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import Q
 
 from core.conf import protocol
+from core.lookups import one_of
 from protocol.ids import uuid7
 
 from .states import ATTEMPT_LIVE, ATTEMPT_STARTED, ATTEMPT_TERMINAL, RUN_TERMINAL, AttemptState, RunState
@@ -93,7 +94,7 @@ class TaskRevision(models.Model):
                 condition=Q(max_attempts__gte=1) & Q(max_attempts__lte=20), name="revision_max_attempts_range"
             ),
             models.CheckConstraint(
-                condition=Q(lost_retry__in=LostRetry.values), name="revision_lost_retry_valid"
+                condition=one_of("lost_retry", LostRetry.values), name="revision_lost_retry_valid"
             ),
         ]
 
@@ -141,9 +142,9 @@ class Run(models.Model):
         ordering = ["-created_at"]
         permissions = [("cancel_run", "Can cancel a run"), ("retry_run", "Can retry a finished run")]
         constraints = [
-            models.CheckConstraint(condition=Q(state__in=RunState.values), name="run_state_valid"),
+            models.CheckConstraint(condition=one_of("state", RunState.values), name="run_state_valid"),
             models.CheckConstraint(
-                condition=~Q(state__in=RUN_TERMINAL) | Q(finished_at__isnull=False),
+                condition=~one_of("state", RUN_TERMINAL) | Q(finished_at__isnull=False),
                 name="run_terminal_has_end",
             ),
             models.CheckConstraint(
@@ -158,7 +159,8 @@ class Run(models.Model):
                 name="run_next_attempt_only_when_waiting",
             ),
             models.CheckConstraint(
-                condition=Q(state__in=RUN_TERMINAL) | Q(finished_at__isnull=True), name="run_live_has_no_end"
+                condition=one_of("state", RUN_TERMINAL) | Q(finished_at__isnull=True),
+                name="run_live_has_no_end",
             ),
             models.CheckConstraint(
                 condition=~Q(state=RunState.RUNNING) | Q(started_at__isnull=False),
@@ -228,24 +230,26 @@ class RunAttempt(models.Model):
     class Meta:
         ordering = ["run", "number"]
         constraints = [
-            models.CheckConstraint(condition=Q(state__in=AttemptState.values), name="attempt_state_valid"),
+            models.CheckConstraint(
+                condition=one_of("state", AttemptState.values), name="attempt_state_valid"
+            ),
             models.UniqueConstraint(fields=["run", "number"], name="attempt_number_unique"),
             models.UniqueConstraint(
                 fields=["run"], condition=Q(state__in=ATTEMPT_LIVE), name="one_live_attempt_per_run"
             ),
             models.CheckConstraint(
-                condition=~Q(state__in=ATTEMPT_TERMINAL) | Q(finished_at__isnull=False),
+                condition=~one_of("state", ATTEMPT_TERMINAL) | Q(finished_at__isnull=False),
                 name="attempt_terminal_has_end",
             ),
             models.CheckConstraint(condition=Q(number__gte=1), name="attempt_number_positive"),
             models.CheckConstraint(
-                condition=Q(state__in=ATTEMPT_TERMINAL) | Q(finished_at__isnull=True),
+                condition=one_of("state", ATTEMPT_TERMINAL) | Q(finished_at__isnull=True),
                 name="attempt_live_has_no_end",
             ),
             # starting/running exist only under a lease a session claimed (docs/leases.md, Activation ACKs)
             # ...
             models.CheckConstraint(
-                condition=~Q(state__in=ATTEMPT_STARTED)
+                condition=~one_of("state", ATTEMPT_STARTED)
                 | (Q(session_id__isnull=False) & Q(lease_generation__gte=1)),
                 name="attempt_started_under_a_lease",
             ),

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from core.lookups import one_of
 from protocol.ids import uuid7
 from runs.models import Run, Task
 
@@ -84,10 +85,10 @@ class Schedule(models.Model):
         ordering = ["task", "created_at"]
         constraints = [
             models.CheckConstraint(
-                condition=Q(overlap__in=OverlapPolicy.values), name="schedule_overlap_valid"
+                condition=one_of("overlap", OverlapPolicy.values), name="schedule_overlap_valid"
             ),
             models.CheckConstraint(
-                condition=Q(misfire__in=MisfirePolicy.values), name="schedule_misfire_valid"
+                condition=one_of("misfire", MisfirePolicy.values), name="schedule_misfire_valid"
             ),
             models.CheckConstraint(
                 condition=Q(misfire_grace_seconds__lte=MAX_GRACE_SECONDS), name="schedule_grace_range"
@@ -148,7 +149,7 @@ class ScheduleFire(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["schedule", "fire_at"], name="schedule_fire_once"),
             models.CheckConstraint(
-                condition=Q(outcome__in=FireOutcome.values), name="schedule_fire_outcome_valid"
+                condition=one_of("outcome", FireOutcome.values), name="schedule_fire_outcome_valid"
             ),
             models.CheckConstraint(condition=Q(fires__gte=1), name="schedule_fire_count_positive"),
             # Only a queued fire started a run.

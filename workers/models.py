@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from core.lookups import one_of
 from protocol.ids import uuid7
 
 
@@ -47,7 +48,7 @@ class Worker(models.Model):
             ("force_offline_worker", "Can force a worker's session offline"),
         ]
         constraints = [
-            models.CheckConstraint(condition=Q(state__in=WorkerState.values), name="worker_state_valid"),
+            models.CheckConstraint(condition=one_of("state", WorkerState.values), name="worker_state_valid"),
             models.CheckConstraint(
                 condition=~Q(state=WorkerState.REVOKED) | Q(revoked_at__isnull=False),
                 name="worker_revoked_has_time",
@@ -88,7 +89,7 @@ class WorkerCredential(models.Model):
         ordering = ["-created_at"]
         constraints = [
             models.CheckConstraint(
-                condition=Q(state__in=CredentialState.values), name="credential_state_valid"
+                condition=one_of("state", CredentialState.values), name="credential_state_valid"
             ),
             models.UniqueConstraint(
                 fields=["worker"],
@@ -165,7 +166,9 @@ class WorkerSession(models.Model):
     class Meta:
         ordering = ["-registered_at"]
         constraints = [
-            models.CheckConstraint(condition=Q(state__in=SessionState.values), name="session_state_valid"),
+            models.CheckConstraint(
+                condition=one_of("state", SessionState.values), name="session_state_valid"
+            ),
             models.UniqueConstraint(fields=["worker", "generation"], name="session_generation_unique"),
             models.UniqueConstraint(
                 fields=["worker"],
