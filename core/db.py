@@ -186,12 +186,17 @@ def write_path(
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
+            failure: BaseException | None = None
             try:
                 outcome = once(args, kwargs)
             except Exception as exc:  # is_transient decides; anything else is raised as it was
                 if not is_transient(exc):
                     raise
-                outcome = retried(args, kwargs, exc)
+                failure = exc
+            if failure is not None:
+                # Outside the handler: a later attempt's error must not carry this one as its
+                # __context__ (core.dependencies would read a bug as the store's outage).
+                outcome = retried(args, kwargs, failure)
         except OperationalError as exc:
             if _sqlstate(exc) == _PG_LOCK_NOT_AVAILABLE:
                 raise DomainError(

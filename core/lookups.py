@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.core.exceptions import EmptyResultSet
 from django.db.models import F
 from django.db.models.lookups import In
 
@@ -24,8 +25,10 @@ class OneOf(In):
     lookup_name = "one_of"
 
     def as_postgresql(self, compiler, connection) -> tuple[str, list]:
+        values = [str(value) for value in self.rhs if value is not None]
+        if not values:
+            raise EmptyResultSet  # as In does: nothing is one of no values
         lhs, lhs_params = self.process_lhs(compiler, connection)
-        values = [str(value) for value in self.rhs]
         return f"({lhs})::text = ANY(%s::text[])", [*lhs_params, values]
 
 

@@ -1,7 +1,8 @@
 """The CHECK constraints over a list of states (or kinds, roles, policies) stated with
 ``core.lookups.one_of``: on PostgreSQL one ``text[]`` constant instead of one cast constant per
 value, which each write statement parsed and folded again (docs/performance.md, "CHECK
-constraints read as one constant"). The same rows pass and fail; SQLite's SQL is unchanged."""
+constraints read as one constant"). The same rows pass and fail; on SQLite the checks stay
+``IN (…)``."""
 
 from django.db import migrations, models
 

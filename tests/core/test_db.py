@@ -25,6 +25,7 @@ from actions.sessions.heartbeat import session_heartbeat
 from actions.sessions.registration import session_register
 from actions.sessions.shutdown import session_drain, session_offline, session_operator_offline
 from core.db import UniqueRace, db_now, write_path
+from core.dependencies import dependency_error
 from core.errors import DomainError
 from protocol import wire
 from protocol.ids import uuid7
@@ -195,6 +196,26 @@ def test_a_unique_race_reruns_the_transaction_and_is_bounded(retries, protocol_s
     with pytest.raises(DomainError) as refused:
         always_loses()
     assert refused.value.code == "storage_busy"
+
+
+def test_an_error_on_a_retried_attempt_is_not_read_as_the_first_attempts_race(retries, protocol_settings):
+    """A bug met on a re-run stays a bug (a 500 with its traceback): it does not carry the first
+    attempt's transient race as its context, which core.dependencies would read as an outage."""
+    protocol_settings(SQLITE_BUSY_RETRIES=3)
+    calls = []
+
+    @write_path
+    def races_then_breaks():
+        calls.append(1)
+        if len(calls) == 1:
+            raise UniqueRace("lost")
+        raise KeyError("a programming error on the re-run")
+
+    with pytest.raises(KeyError) as raised:
+        races_then_breaks()
+    assert len(calls) == 2 and retries == [1]
+    assert raised.value.__context__ is None
+    assert dependency_error(raised.value) is None
 
 
 def test_db_now_is_the_database_clock_in_utc_read_when_called():
