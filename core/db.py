@@ -39,7 +39,16 @@ from datetime import UTC, datetime
 from typing import ParamSpec, TypeVar, overload
 
 import psycopg
-from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
+from django.db.backends.base.base import BaseDatabaseWrapper
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from core.conf import protocol
@@ -259,20 +268,21 @@ def prepared_row(sql: str, params: list | dict) -> tuple | None:
     (:func:`_deallocate_all`); one that failed because its cached plan went stale is run once
     more, prepared afresh. Errors raised: Django's ``DatabaseError`` family.
     """
-    connection.close_if_health_check_failed()  # as Django's cursor() does (CONN_HEALTH_CHECKS)
-    connection.ensure_connection()
+    db = connections[DEFAULT_DB_ALIAS]  # this thread's connection, looked up once
+    db.close_if_health_check_failed()  # as Django's cursor() does (CONN_HEALTH_CHECKS)
+    db.ensure_connection()
     started = time.monotonic()
     try:
-        row = _execute_prepared(sql, params)
+        row = _execute_prepared(db, sql, params)
     except DatabaseError as exc:
-        if connection.in_atomic_block:
+        if db.in_atomic_block:
             raise  # the caller's rollback makes psycopg deallocate them all (ROLLBACK)
         _deallocate_all()
         if _sqlstate(exc) != _PG_PLAN_CHANGED_RESULT:
             raise
-        row = _execute_prepared(sql, params)  # prepared afresh against the schema as it is now
-    if connection.queries_logged:
-        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+        row = _execute_prepared(db, sql, params)  # prepared afresh against the schema as it is now
+    if db.queries_logged:
+        db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
     return row
 
 
@@ -281,8 +291,8 @@ def prepared_row(sql: str, params: list | dict) -> tuple | None:
 _PG_PLAN_CHANGED_RESULT = "0A000"
 
 
-def _execute_prepared(sql: str, params: list | dict) -> tuple | None:
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+def _execute_prepared(db: BaseDatabaseWrapper, sql: str, params: list | dict) -> tuple | None:
+    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
         cursor.execute(sql, params, prepare=True, binary=True)
         return cursor.fetchone()
 

@@ -9,7 +9,9 @@ ever active (a partial unique index).
 
 from __future__ import annotations
 
+import functools
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -135,16 +137,27 @@ class RunDispatchLease(models.Model):
         return f"lease {self.attempt_id} g{self.lease_generation}"
 
 
+def _json_reader(field: models.Field) -> Callable[[Any], Any] | None:
+    if isinstance(field, models.UUIDField | models.ForeignKey):
+        return uuid.UUID
+    if isinstance(field, models.DateTimeField):
+        return datetime.fromisoformat
+    return None
+
+
+@functools.cache
+def _lease_columns() -> list[tuple[str, Callable[[Any], Any] | None]]:
+    """(column, how its JSON value becomes the field's) for every lease field, in the model's order."""
+    return [(field.attname, _json_reader(field)) for field in RunDispatchLease._meta.concrete_fields]
+
+
 def lease_from_json(row: dict[str, Any]) -> RunDispatchLease:
-    """A lease instance from ``to_jsonb`` of its row (what the PostgreSQL lease functions return)."""
-    values: dict[str, Any] = {}
-    for field in RunDispatchLease._meta.concrete_fields:
-        value = row[field.attname]  # attname = column for every lease field
-        if value is not None and isinstance(field, models.UUIDField | models.ForeignKey):
-            value = uuid.UUID(value)
-        elif value is not None and isinstance(field, models.DateTimeField):
-            value = datetime.fromisoformat(value)
-        values[field.attname] = value
-    lease = RunDispatchLease(**values)
-    lease._state.adding = False
-    return lease
+    """A lease instance from ``to_jsonb`` of its row (what the PostgreSQL lease functions return).
+
+    Built as Django builds a row it loaded (``Model.from_db``): every field given, by position."""
+    values = [
+        value if read is None or value is None else read(value)
+        for column, read in _lease_columns()  # attname = column for every lease field
+        for value in (row[column],)
+    ]
+    return RunDispatchLease.from_db(None, (), values)  # every field: the names are not read
