@@ -91,7 +91,8 @@ _PAGE_RUN_BY_KEY = """
                                       WHERE rk.id = at.run_id LIMIT 1) ru
 """
 
-assert _FEWER.CLAIM.count(_LOOSE_SCAN_BY_MIN) == 1 and _FEWER.CLAIM.count(_PAGE_JOINED) == 1
+if _FEWER.CLAIM.count(_LOOSE_SCAN_BY_MIN) != 1 or _FEWER.CLAIM.count(_PAGE_JOINED) != 1:
+    raise RuntimeError("leases 0011's claim function is not the text this migration rewrites")
 CLAIM = _FEWER.CLAIM.replace(_LOOSE_SCAN_BY_MIN, _LOOSE_SCAN_BY_FIRST_ENTRY).replace(
     _PAGE_JOINED, _PAGE_RUN_BY_KEY
 )
