@@ -25,8 +25,8 @@ claim's page here); the page with its run looked up by key is estimated above th
 backlog (the estimate of a ``LIMIT`` inside a ``LATERAL`` subquery is coarse), and ``0011``'s
 page, estimated at 57,000 on 100k, would pass it on a backlog not twice as long. These statements
 read a few rows each: compiling never pays.
-With it off, 16 claimers on a 100k backlog claim as fast as on ``0013``'s function (680 and 616
-claims/s against 670 and 616, alternated), with it on five times slower (140 against 696).
+With it off, 16 claimers on a 100k backlog claim as fast as on ``0013``'s function (a mean of 777
+claims/s against 773 over six alternated windows), with it on five times slower (140 against 696).
 
 ``CREATE OR REPLACE FUNCTION`` resets a function's settings, so the claim function's are set
 again with the others. Answers are unchanged. Reversing restores ``0011``'s claim function and
