@@ -142,13 +142,11 @@ def lease_release(
 
 
 _RENEW_SQL = typed_call("ql_lease_release", "uuid, uuid, bigint, uuid, integer, text, integer, interval")
-#: A release also reads the attempt's placement class and whether anyone listens: once it has
-#: committed, it wakes waiting claims (``core.wakeups``), the worker's own (capacity freed) and
-#: those that can run the attempt, back in the queue — if some process holds waiting claims.
-#: The Python path sends its own when it settles.
-_RELEASE_SQL = (
-    f"{_RENEW_SQL}, (SELECT a.placement_sha256 FROM runs_runattempt a WHERE a.id = %b::uuid), {LISTENING_SQL}"
-)
+#: A release also reads whether anyone listens: once it has committed, it wakes waiting claims
+#: (``core.wakeups``), the worker's own (capacity freed) and those that can run the attempt, back
+#: in the queue (its placement class is in the function's answer, leases 0014) — if some process
+#: holds waiting claims. The Python path sends its own when it settles.
+_RELEASE_SQL = f"{_RENEW_SQL}, {LISTENING_SQL}"
 
 
 def _in_database(
@@ -179,7 +177,7 @@ def _in_database(
         renew_by,
     ]
     if renew_by is None:
-        answer, placement_sha256, listening = call_function(_RELEASE_SQL, [*params, attempt_id])
+        answer, listening = call_function(_RELEASE_SQL, params)
     else:
         (answer,) = call_function(_RENEW_SQL, params)
     if isinstance(answer, str):
@@ -192,7 +190,7 @@ def _in_database(
     lease.expires_at = datetime.fromisoformat(answer["expires"])
     if status == "released":
         if listening:
-            worker_and_work(worker_id, placement_sha256)
+            worker_and_work(worker_id, answer["placement"])
         lease.state, lease.release_reason = LeaseState.RELEASED, ReleaseReason.WORKER_RELEASE
         lease.ended_at = datetime.fromisoformat(answer["ended"])
     return AckResult(status, lease, bool(answer["cancel"]), renew_interval())

@@ -28,9 +28,15 @@ read a few rows each: compiling never pays.
 With it off, 16 claimers on a 100k backlog claim as fast as on ``0013``'s function (a mean of 777
 claims/s against 773 over six alternated windows), with it on five times slower (140 against 696).
 
-``CREATE OR REPLACE FUNCTION`` resets a function's settings, so the claim function's are set
-again with the others. Answers are unchanged. Reversing restores ``0011``'s claim function and
-``0012``'s settings.
+The release re-reads its attempt by key the same way, and answers the attempt's placement class
+itself (``placement``): the release's statement read it with a sub-select of its own, a prepared
+statement outside these settings whose generic plan, made on a nearly empty attempt table,
+scanned the whole table on every release once it had grown (seen in a review of ``0012``).
+
+``CREATE OR REPLACE FUNCTION`` resets a function's settings, so the claim's and the release's are
+set again with the others. Answers are unchanged but for the release's added ``placement``.
+Reversing restores ``0011``'s claim and release functions and ``0012``'s settings; the code of
+this migration's release (``actions.leases.renewal``) needs the ``placement`` it answers.
 """
 
 import importlib
@@ -97,10 +103,43 @@ CLAIM = _FEWER.CLAIM.replace(_LOOSE_SCAN_BY_MIN, _LOOSE_SCAN_BY_FIRST_ENTRY).rep
     _PAGE_JOINED, _PAGE_RUN_BY_KEY
 )
 
+_REREAD_JOINED = """
+           at.state AS attempt_state, at.version AS attempt_version, at.lease_generation AS attempt_generation
+      INTO l FROM leases_rundispatchlease le JOIN runs_runattempt at ON at.id = le.attempt_id
+     WHERE le.id = s.lease_id;
+"""
+
+_REREAD_ATTEMPT_BY_KEY = """
+           at.state AS attempt_state, at.version AS attempt_version,
+           at.lease_generation AS attempt_generation, at.placement_sha256 AS attempt_placement
+      INTO l FROM leases_rundispatchlease le
+     CROSS JOIN LATERAL (SELECT ak.state, ak.version, ak.lease_generation, ak.placement_sha256
+                           FROM runs_runattempt ak WHERE ak.id = le.attempt_id LIMIT 1) at
+     WHERE le.id = s.lease_id;
+"""
+
+_RELEASED_ANSWER = """
+        RETURN jsonb_build_object('status', 'released', 'lease', l.doc, 'version', l.version + 1,
+                                  'expires', l.expires_at, 'ended', now_, 'cancel', false);
+"""
+
+_RELEASED_ANSWER_WITH_CLASS = """
+        RETURN jsonb_build_object('status', 'released', 'lease', l.doc, 'version', l.version + 1,
+                                  'expires', l.expires_at, 'ended', now_, 'cancel', false,
+                                  'placement', l.attempt_placement);
+"""
+
+if _FEWER.RELEASE.count(_REREAD_JOINED) != 1 or _FEWER.RELEASE.count(_RELEASED_ANSWER) != 1:
+    raise RuntimeError("leases 0011's release function is not the text this migration rewrites")
+RELEASE = _FEWER.RELEASE.replace(_REREAD_JOINED, _REREAD_ATTEMPT_BY_KEY).replace(
+    _RELEASED_ANSWER, _RELEASED_ANSWER_WITH_CLASS
+)
+
 
 def read_by_key(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(CLAIM)  # resets its settings: set again below
+        schema_editor.execute(CLAIM)  # resets their settings: set again below
+        schema_editor.execute(RELEASE)
     _PLAN_ONCE.plan_once(apps, schema_editor)
     for name, value in SETTINGS.items():
         _PLAN_ONCE._alter(schema_editor, f"SET {name} = {value}")
@@ -109,6 +148,7 @@ def read_by_key(apps, schema_editor):
 def read_as_planned(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(_FEWER.CLAIM)
+        schema_editor.execute(_FEWER.RELEASE)
     for name in SETTINGS:
         _PLAN_ONCE._alter(schema_editor, f"RESET {name}")
     _PLAN_ONCE.plan_once(apps, schema_editor)
