@@ -155,9 +155,8 @@ def lease_from_json(row: dict[str, Any]) -> RunDispatchLease:
     """A lease instance from ``to_jsonb`` of its row (what the PostgreSQL lease functions return).
 
     Built as Django builds a row it loaded (``Model.from_db``): every field given, by position."""
-    values = [
-        value if read is None or value is None else read(value)
-        for column, read in _lease_columns()  # attname = column for every lease field
-        for value in (row[column],)
-    ]
+    values = []
+    for column, read in _lease_columns():  # attname = column for every lease field
+        value = row[column]
+        values.append(value if value is None or read is None else read(value))
     return RunDispatchLease.from_db(None, (), values)  # every field: the names are not read

@@ -97,10 +97,18 @@ _PAGE_RUN_BY_KEY = """
                                       WHERE rk.id = at.run_id LIMIT 1) ru
 """
 
-if _FEWER.CLAIM.count(_LOOSE_SCAN_BY_MIN) != 1 or _FEWER.CLAIM.count(_PAGE_JOINED) != 1:
-    raise RuntimeError("leases 0011's claim function is not the text this migration rewrites")
-CLAIM = _FEWER.CLAIM.replace(_LOOSE_SCAN_BY_MIN, _LOOSE_SCAN_BY_FIRST_ENTRY).replace(
-    _PAGE_JOINED, _PAGE_RUN_BY_KEY
+
+def _rewritten(text: str, *changes: tuple[str, str]) -> str:
+    """``text`` with each (old, new) of ``changes`` replaced; each old must stand in it once."""
+    for old, new in changes:
+        if text.count(old) != 1:
+            raise RuntimeError("leases 0011's function is not the text this migration rewrites")
+        text = text.replace(old, new)
+    return text
+
+
+CLAIM = _rewritten(
+    _FEWER.CLAIM, (_LOOSE_SCAN_BY_MIN, _LOOSE_SCAN_BY_FIRST_ENTRY), (_PAGE_JOINED, _PAGE_RUN_BY_KEY)
 )
 
 _REREAD_JOINED = """
@@ -129,10 +137,10 @@ _RELEASED_ANSWER_WITH_CLASS = """
                                   'placement', l.attempt_placement);
 """
 
-if _FEWER.RELEASE.count(_REREAD_JOINED) != 1 or _FEWER.RELEASE.count(_RELEASED_ANSWER) != 1:
-    raise RuntimeError("leases 0011's release function is not the text this migration rewrites")
-RELEASE = _FEWER.RELEASE.replace(_REREAD_JOINED, _REREAD_ATTEMPT_BY_KEY).replace(
-    _RELEASED_ANSWER, _RELEASED_ANSWER_WITH_CLASS
+RELEASE = _rewritten(
+    _FEWER.RELEASE,
+    (_REREAD_JOINED, _REREAD_ATTEMPT_BY_KEY),
+    (_RELEASED_ANSWER, _RELEASED_ANSWER_WITH_CLASS),
 )
 
 
