@@ -13,6 +13,7 @@ import re
 import pytest
 from django.db import connection
 
+from actions.sessions.heartbeat import session_heartbeat
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import claim_one, release
 
@@ -144,3 +145,65 @@ def test_a_claim_planned_on_a_short_queue_reads_what_a_fresh_plan_reads_once_the
     # Both read the same rows (dead ones other tests left included); a plan kept from the short
     # queue read every run of the backlog for each claim (19,620 buffers against 53).
     assert kept[0] <= 2 * fresh[0] + 50, (kept, fresh)
+
+
+#: Copies of one active lease under new keys for other sessions (``n`` of them): a fleet's worth of
+#: running attempts that arrived after a heartbeat was planned. Foreign keys are checked at commit,
+#: which a test never reaches.
+_GROW_ACTIVE = """
+INSERT INTO leases_rundispatchlease
+SELECT (jsonb_populate_record(NULL::leases_rundispatchlease, to_jsonb(l) || jsonb_build_object(
+        'id', gen_random_uuid(), 'offer_id', gen_random_uuid(), 'attempt_id', gen_random_uuid(),
+        'session_id', gen_random_uuid(), 'token_digest', md5(g::text) || md5(l.id::text)))).*
+  FROM leases_rundispatchlease l, generate_series(1, %s) AS g
+ WHERE l.id = (SELECT id FROM leases_rundispatchlease WHERE state = 'leased' LIMIT 1)
+"""
+
+
+def test_a_heartbeat_planned_on_few_active_leases_reads_its_own_once_the_fleet_has_grown():
+    """The heartbeat's statement (actions.sessions.heartbeat) is prepared once per connection, so
+    the plan it made on a near-empty lease table is the one it keeps: its cancel list must read
+    the session's own active leases by the session's index, not every active lease."""
+    session = register(enrolled_worker())
+    enqueue(make_revision())
+    held = claim_one(session)  # one active lease: the cancel list has a row to look at
+    beat = {
+        "worker_id": session.worker.worker_id,
+        "session_id": session.session_id,
+        "generation": session.generation,
+        "available_slots": 1,
+    }
+    version = session.version
+    for _ in range(8):  # past the custom plans: the connection keeps its generic plan from here
+        version = session_heartbeat(**beat, expected_version=version).session.version
+    with connection.cursor() as cursor:
+        cursor.execute(_GROW_ACTIVE, [20_000])
+
+    def heartbeat_once() -> None:
+        session_heartbeat(**beat, expected_version=version)
+
+    try:
+        kept = _most_statement_buffers(_plans_of(heartbeat_once, analyze=True), "WITH cur AS")
+        with connection.cursor() as cursor:
+            cursor.execute("DISCARD PLANS")  # the same rows, planned on the grown table
+        fresh = _most_statement_buffers(_plans_of(heartbeat_once, analyze=True), "WITH cur AS")
+    finally:  # the copies name no real attempt or session: gone before the test's FK check
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM leases_rundispatchlease WHERE attempt_id <> %s", [held.attempt_id])
+    assert held.lease_generation == 1
+    assert fresh > 0, fresh
+    # A plan kept from one active lease walked the whole partial index of active leases in
+    # attempt order for every heartbeat (the ORDER BY's index) and filtered it by session.
+    assert kept <= 2 * fresh + 20, (kept, fresh)
+
+
+def _most_statement_buffers(plans: list[str], opening: str) -> int:
+    """The shared buffers read by the logged statement whose text starts with ``opening``."""
+    read = []
+    for plan in plans:
+        text = plan.split("Query Text:", 1)[-1].strip()
+        top = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
+        if text.startswith(opening) and top:
+            read.append(int(top.group(1)) + int(top.group(2) or 0))
+    assert read, plans
+    return max(read)
