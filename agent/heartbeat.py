@@ -4,7 +4,8 @@ One heartbeat at a time (a loop, never overlapping itself), on a daemon thread s
 the process up. Each answer carries the session's version and state (adopted), the attempts
 whose cancellation was requested (their runners are told) and whether the operator requires a
 key rotation (carried out here: ``agent.rotation``). The slots offered drop to 0 once shutdown
-is requested; the loop keeps running while the agent drains and stops before it goes offline.
+is requested; the loop keeps running while the agent drains (from the version the drain's
+answer carries) and stops, its last heartbeat answered, before the agent goes offline.
 A fenced session or a refused credential stops the agent (``Agent.fail``).
 
 While waiting claims follow one another they keep the session alive instead (the server extends
@@ -46,15 +47,33 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._changed = threading.Condition()
         self._due = 0.0
+        self._held = False
+        self._in_flight = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 0.0) -> None:
+        """End the loop; with ``wait`` (seconds), also wait up to that long for a heartbeat in
+        flight to be answered, so that a session call sent next (offline) never races it."""
         self.stopped.set()
+        self._settle(wait)
+
+    def hold(self, wait: float) -> None:
+        """No heartbeat until :meth:`resume`, and wait up to ``wait`` seconds for one in flight:
+        a session call sent next (the drain) then never races a heartbeat carrying the version
+        it is about to change."""
+        with self._changed:
+            self._held = True
+        self._settle(wait)
+
+    def _settle(self, wait: float) -> None:
         with self._changed:
             self._changed.notify_all()
+            deadline = time.monotonic() + wait
+            while self._in_flight and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
 
     def postpone(self, seconds: float) -> None:
         """No heartbeat for ``seconds`` from now (a waiting claim keeps the session alive)."""
@@ -62,19 +81,21 @@ class Heartbeat:
             self._due = max(self._due, time.monotonic() + seconds)
 
     def resume(self) -> None:
-        """Heartbeat now: no waiting claim is keeping the session alive any more."""
+        """Heartbeat now, held or not: no waiting claim is keeping the session alive any more."""
         with self._changed:
+            self._held = False
             self._due = min(self._due, time.monotonic())
             self._changed.notify_all()
 
     def _sleep(self) -> bool:
-        """Sleep until the next heartbeat is due; False once stopped."""
+        """Sleep until the next heartbeat is due and mark it in flight; False once stopped."""
         with self._changed:
             while not self.stopped.is_set():
                 left = self._due - time.monotonic()
-                if left <= 0:
+                if left <= 0 and not self._held:
+                    self._in_flight = True
                     return True
-                self._changed.wait(left)
+                self._changed.wait(None if self._held else left)
         return False
 
     def _loop(self) -> None:
@@ -87,6 +108,10 @@ class Heartbeat:
                 return
             except TransportError:
                 return  # only when stopping: calls retry forever otherwise
+            finally:
+                with self._changed:
+                    self._in_flight = False
+                    self._changed.notify_all()
             with self._changed:
                 # A waiting claim that began while this heartbeat was in flight postponed the next
                 # one past its wait: that postponement stands (an idle agent's only requests are

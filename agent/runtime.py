@@ -183,7 +183,6 @@ class Agent:
             self.claims.loop()
         except Stop as stop:
             self.fail(stop)
-        self.heartbeat.resume()  # no waiting claim keeps the session alive any more
         if self._fatal is not None:
             return self._die(self._fatal)
         return self._graceful_shutdown()
@@ -196,6 +195,7 @@ class Agent:
         return stop.exit_code
 
     def _graceful_shutdown(self) -> int:
+        self.heartbeat.hold(wait=self.client.timeout)  # none in flight while the drain is sent
         try:
             answer = session_call(self, wire.SESSION_DRAIN, patience=SHUTDOWN_PATIENCE)
         except Stop as stop:
@@ -204,6 +204,9 @@ class Agent:
             return self._die(Stop(wire.EXIT_SHUTDOWN_FAILED, f"drain failed: {exc}"))
         if answer is not None:
             self.session.apply(answer)
+        # No waiting claim keeps the session alive any more: heartbeats again, from the version
+        # the drain left (sent before the drain's answer, one would race it and be refused).
+        self.heartbeat.resume()
         log.info(
             "draining: waiting up to %ss for %s running attempt(s)",
             self.settings.drain_timeout,
@@ -224,7 +227,7 @@ class Agent:
                     "as lost",
                 )
             )
-        self.heartbeat.stop()
+        self.heartbeat.stop(wait=self.client.timeout)  # no heartbeat in flight past this line
         try:
             session_call(
                 self, wire.SESSION_OFFLINE, patience=SHUTDOWN_PATIENCE, done_if=frozenset({"session_offline"})
