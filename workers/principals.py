@@ -26,6 +26,10 @@ warm request reads neither from Redis:
   credential's version moved is judged again from Redis and the database
   (:meth:`CredentialStamp.current`) — so a revocation on any replica is refused on the next
   request on every replica, as without this layer (``api.auth``).
+
+The copy in Redis carries the version read before the database was: a request that read the
+credential just before a change committed writes back a copy of the old credential, under a
+version the change has already moved, which no request takes as current.
 """
 
 from __future__ import annotations
@@ -173,45 +177,64 @@ def _credential_key(key_id: str) -> str:
 
 
 def _load_credential(key_id: str) -> _Credential | None:
+    return _read_credential(key_id)[0]
+
+
+def _read_credential(key_id: str) -> tuple[_Credential | None, int | None]:
+    """The credential (None: no such key id) from the cache, else from the database, and the
+    version it is current for (None with a per-process cache, where the epoch does that work).
+
+    With a shared cache a copy is stored together with the version read *before* the database
+    was: a change that commits between that read and the copy's write moves the version
+    (:func:`forget_credentials`), so the stale copy it would leave is never taken as current —
+    on any replica. One round trip reads both (``get_many``); a copy whose version is not the
+    current one is read again from the database.
+    """
     key = _credential_key(key_id)
-    cached = cache.get(key)
-    if cached is not None:
-        return cached or None  # "" caches an unknown key id
-    return _credential_from_database(key_id, key)
+    if not cache_is_shared():
+        cached = cache.get(key)
+        if cached is not None:
+            return cached or None, None  # "" caches an unknown key id
+        credential = _credential_from_database(key_id)
+        cache.set(key, credential or "", timeout=protocol().credential_cache_seconds)
+        return credential, None
+    version_key = _VERSION_KEY.format(key_id)
+    found = cache.get_many([key, version_key])
+    version = found.get(version_key)
+    copy = found.get(key)
+    if version is not None and isinstance(copy, tuple) and copy[1] == version:
+        return copy[0], version
+    if version is None:
+        # No version yet (none written for a while): make one, so that a later change — or the
+        # key's loss — moves it. Only a version this read created is trusted: if a change wrote
+        # one in between, nothing read now is kept as current and each request is judged again.
+        mine = secrets.randbits(62)
+        version = mine if cache.add(version_key, mine, _version_lifetime()) else None
+    credential = _credential_from_database(key_id)
+    if version is not None:
+        cache.set(key, (credential, version), timeout=protocol().credential_cache_seconds)
+    return credential, version
 
 
 def _load_credential_locally(key_id: str) -> tuple[_Credential | None, CredentialStamp]:
     """The credential from this process's layer, else from Redis (with its version, one round
     trip) or the database; an unknown key id is never kept in process."""
-    key = _credential_key(key_id)
-    local_key = cache.make_key(key)
+    local_key = cache.make_key(_credential_key(key_id))
     entry = _LOCAL_CREDENTIALS.get(local_key)
     if entry is not None and time.monotonic() - entry[2] < protocol().credential_cache_seconds:
         return entry[0], CredentialStamp(key_id, entry[1])
     read_at = time.monotonic()
-    version_key = _VERSION_KEY.format(key_id)
-    found = cache.get_many([key, version_key])
-    version = found.get(version_key)
-    credential = found.get(key)
-    if credential is None:
-        credential = _credential_from_database(key_id, key)
-    if credential and version is None:
-        # No version yet (none written for a while): make one, so that a later change — or the
-        # key's loss — moves it. Only a version this read created is trusted: if a change wrote
-        # one in between, the copy is not current and each request is judged again.
-        mine = secrets.randbits(62)
-        version = mine if cache.add(version_key, mine, _version_lifetime()) else None
+    credential, version = _read_credential(key_id)
     if credential:
         _remember_locally(_LOCAL_CREDENTIALS, local_key, (credential, version, read_at))
-    return credential or None, CredentialStamp(key_id, version)
+    return credential, CredentialStamp(key_id, version)
 
 
-def _credential_from_database(key_id: str, key: str) -> _Credential | None:
+def _credential_from_database(key_id: str) -> _Credential | None:
     row = WorkerCredential.objects.select_related("worker").filter(pk=key_id).first()
     if row is None:
-        cache.set(key, "", timeout=protocol().credential_cache_seconds)
         return None
-    credential = _Credential(
+    return _Credential(
         worker_id=str(row.worker_id),
         worker_name=row.worker.name,
         public_key=row.public_key,
@@ -219,8 +242,6 @@ def _credential_from_database(key_id: str, key: str) -> _Credential | None:
         not_after=row.not_after.timestamp() if row.not_after else None,
         worker_state=row.worker.state,
     )
-    cache.set(key, credential, timeout=protocol().credential_cache_seconds)
-    return credential
 
 
 def forget_credentials(credential_ids: list[str]) -> None:

@@ -19,9 +19,12 @@ database says revoked): ADR-0012 §1 "a revoked credential fails on the next req
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import redis
 from django.core.cache import cache
+from django.db import connection
 
 from actions.credentials import credential_force_rotation
 from actions.workers import worker_revoke
@@ -162,5 +165,61 @@ def test_a_warm_replica_answers_503_when_redis_is_down_and_accepts_nothing_from_
         assert (answer.status_code, answer.json().get("code")) == (503, "cache_unavailable")
     finally:
         _cluster_cache(settings, redis_url)
+        _forget_keys(redis_url, worker.credential_id, session.session_id)
+        principals._LOCAL_CREDENTIALS.clear()
+
+
+@pytest.mark.redis
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("action", "env", "code", "change"), CHANGES, ids=[c[0] for c in CHANGES])
+def test_a_credential_read_before_a_change_committed_is_not_written_back_as_current(
+    client, settings, redis_url, monkeypatch, protocol_settings, action, env, code, change
+):
+    """A request reads the credential from the database; before it writes its copy to Redis, the
+    change commits on another connection (a thread of its own) and moves the version. The copy
+    written after that is of the old credential: no later request, on any replica, may take it."""
+    _cluster_cache(settings, redis_url)
+    protocol_settings(ROTATION_GRACE_SECONDS=0)
+    worker = enrolled_worker()
+    session = register(worker)
+    api = SignedClient(client, worker)
+    body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 2}
+    credential_key = cache.make_key(principals._credential_key(worker.credential_id))
+    try:
+        assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200
+        principals._LOCAL_CREDENTIALS.clear()  # this replica holds no copy, and neither does Redis:
+        assert redis.Redis.from_url(redis_url).delete(credential_key) == 1  # read from the database
+        changed: list[BaseException | None] = []
+        cache_set = cache.set
+
+        def set_after_the_change(key, *args, **kwargs):
+            if cache.make_key(key) == credential_key and not changed:
+
+                def commit_the_change() -> None:
+                    try:
+                        change(worker_id=worker.worker_id)
+                        changed.append(None)
+                    except BaseException as exc:  # reported below, in the test's thread
+                        changed.append(exc)
+                    finally:
+                        connection.close()
+
+                thread = threading.Thread(target=commit_the_change)
+                thread.start()
+                thread.join(30)
+            return cache_set(key, *args, **kwargs)
+
+        monkeypatch.setattr(cache, "set", set_after_the_change)
+        api.post(wire.SESSION_HEARTBEAT, body)  # it raced the change itself: any answer is fair
+        monkeypatch.undo()
+        assert changed == [None]
+        principals._LOCAL_CREDENTIALS.clear()  # another replica: it has only Redis and the database
+        answer = api.post(wire.SESSION_HEARTBEAT, body)
+        # Observed before the copy carried its version: the old credential, written back after
+        # the change, was read as current with the new version for up to CREDENTIAL_CACHE_SECONDS
+        # on every replica: 403 worker_revoked after a revocation, 200 after a forced rotation.
+        assert (answer.status_code, answer.json().get("code")) == (401, code)
+        assert (api.post(wire.SESSION_HEARTBEAT, body).json().get("code")) == code  # and this one
+    finally:
         _forget_keys(redis_url, worker.credential_id, session.session_id)
         principals._LOCAL_CREDENTIALS.clear()
