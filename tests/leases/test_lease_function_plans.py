@@ -207,3 +207,29 @@ def _most_statement_buffers(plans: list[str], opening: str) -> int:
             read.append(int(top.group(1)) + int(top.group(2) or 0))
     assert read, plans
     return max(read)
+
+
+@pytest.mark.django_db(transaction=True)  # each claim and release commits, as in production
+def test_a_claims_first_read_does_not_grow_with_the_leases_its_worker_and_session_ended(protocol_settings):
+    """The claim's read after the worker lock (capacity and replay, leases ``0015``) stays a few
+    buffers however many leases the session ended since the last ``VACUUM`` and however long its
+    worker's lease history: an index-only count visited every ended lease's row on every claim,
+    and a replay check planned on a near-empty table read every lease of the worker."""
+    protocol_settings(DISPATCH_HOLD_SECONDS=0)  # no claim ranking: the function answers alone
+    session = register(enrolled_worker())
+    enqueue(make_revision())
+    release(claim_one(session))  # this connection plans the claim's statements: one lease row
+    release(claim_one(session))
+
+    def claim_and_release() -> None:
+        release(claim_one(session))
+
+    first = _most_statement_buffers(_plans_of(claim_and_release, analyze=True), "SELECT se.generation")
+    for _ in range(150):  # ended leases of this session, each still an entry of its active index
+        claim_and_release()
+    with connection.cursor() as cursor:
+        cursor.execute(_GROW, [20_000])  # and a long history of the worker (released leases)
+    claim_and_release()  # the first claim past the ended entries may visit each once
+    later = _most_statement_buffers(_plans_of(claim_and_release, analyze=True), "SELECT se.generation")
+    assert first > 0, first
+    assert later <= first + 10, (first, later)
