@@ -139,10 +139,14 @@ def _log_retry(path: str, on_retry: Callable[[], None] | None = None) -> Callabl
     return before_sleep
 
 
+def _sleep_unless(stopped: threading.Event, seconds: float) -> None:
+    stopped.wait(seconds)
+
+
 def call(
     client: Poster,
     path: str,
-    body: Mapping[str, object],
+    body: Mapping[str, object] | Callable[[], Mapping[str, object]],
     *,
     backoff_max: float,
     patience: float | None = None,
@@ -150,31 +154,53 @@ def call(
     timeout: float | None = None,
     interruptible: bool = False,
     on_retry: Callable[[], None] | None = None,
+    before_try: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """POST with retries on transient failures for up to ``patience`` seconds (None: forever).
 
-    ``timeout`` and ``interruptible`` are passed to the client for each try (a long poll).
+    ``body``: the JSON object, or a function that builds it for each try (a session call then
+    carries the session's version as it is when the try is sent). ``timeout`` and
+    ``interruptible`` are passed to the client for each try (a long poll).
     ``on_retry`` is called after each try that failed transiently (no answer, a timeout, a
     429/503), before the backoff: a waiting claim resumes the heartbeat there (docs/sessions.md).
+    ``before_try`` is called before each try, the first included (the drain holds the heartbeat
+    there, and ``on_retry`` lets it beat again during the backoff).
 
     A retry that would start after ``patience`` is not made (``stop_before_delay``), so a
-    renewal never outlives its lease; a set ``stop`` event ends the retries too. Raises Stop for
-    fencing/credential errors, ApiError for other refusals, TransportError when patience ran out.
+    renewal never outlives its lease. A set ``stop`` event ends the retries too: it cuts the
+    backoff short and no further try is sent, so a call told to stop never sends a body built
+    before the stop (the caller gets the last try's failure). Raises Stop for fencing/credential
+    errors, ApiError for other refusals, TransportError when patience ran out or ``stop`` was set.
     """
-    stops: list[stop_base] = [stop_when_event_set(stop or threading.Event())]
+    stopped = stop or threading.Event()
+    stops: list[stop_base] = [stop_when_event_set(stopped)]
     if patience is not None:
         stops.append(stop_before_delay(patience))
     retrying = Retrying(
         retry=retry_if_exception(transient),
         wait=backoff(backoff_max),
         stop=stop_any(*stops),
+        sleep=lambda seconds: _sleep_unless(stopped, seconds),  # a stop set during the backoff ends it
         reraise=True,
+        before=lambda state: before_try() if before_try is not None else None,
         before_sleep=_log_retry(path, on_retry),
     )
+    failed: list[BaseException] = []
+
+    def post() -> dict[str, Any]:
+        if failed and stopped.is_set():
+            raise failed[-1]  # stopped during the backoff: no further try, the last failure stands
+        payload = body() if callable(body) else body
+        try:
+            if timeout is None and not interruptible:
+                return client.post(path, payload)
+            return client.post(path, payload, timeout=timeout, interruptible=interruptible)
+        except Exception as exc:
+            failed[:] = [exc]
+            raise
+
     try:
-        if timeout is None and not interruptible:
-            return retrying(client.post, path, body)
-        return retrying(client.post, path, body, timeout=timeout, interruptible=interruptible)
+        return retrying(post)
     except ApiError as exc:
         verdict = classify(exc)
         if verdict is not None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from protocol import messages as m
 from protocol import wire
 
-from .calls import Stop
+from .calls import Stop, transient
 from .client import ApiError, TransportError
 from .rotation import rotate_key
 from .session import seconds_between, session_call
@@ -49,6 +49,9 @@ class Heartbeat:
         self._due = 0.0
         self._held = False
         self._in_flight = False
+        #: Set while held or stopped: a heartbeat's retries end (its backoff cut short), so no
+        #: retry carrying the version from before a drain is sent after it.
+        self._quiet = threading.Event()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
@@ -58,14 +61,16 @@ class Heartbeat:
         """End the loop; with ``wait`` (seconds), also wait up to that long for a heartbeat in
         flight to be answered, so that a session call sent next (offline) never races it."""
         self.stopped.set()
+        self._quiet.set()
         self._settle(wait)
 
     def hold(self, wait: float) -> None:
         """No heartbeat until :meth:`resume`, and wait up to ``wait`` seconds for one in flight:
         a session call sent next (the drain) then never races a heartbeat carrying the version
-        it is about to change."""
+        it is about to change. A heartbeat being retried sends no further try."""
         with self._changed:
             self._held = True
+            self._quiet.set()
         self._settle(wait)
 
     def _settle(self, wait: float) -> None:
@@ -84,6 +89,8 @@ class Heartbeat:
         """Heartbeat now, held or not: no waiting claim is keeping the session alive any more."""
         with self._changed:
             self._held = False
+            if not self.stopped.is_set():
+                self._quiet.clear()
             self._due = min(self._due, time.monotonic())
             self._changed.notify_all()
 
@@ -107,7 +114,9 @@ class Heartbeat:
                 self.agent.fail(stop)
                 return
             except TransportError:
-                return  # only when stopping: calls retry forever otherwise
+                if self.stopped.is_set():
+                    return
+                delay = 0.0  # held while it was retried: beat again as soon as resumed
             finally:
                 with self._changed:
                     self._in_flight = False
@@ -124,9 +133,11 @@ class Heartbeat:
         slots = 0 if agent.shutdown_requested.is_set() else agent.settings.max_concurrent
         try:
             answer = session_call(
-                agent, wire.SESSION_HEARTBEAT, lambda session: session.heartbeat(slots), stop=self.stopped
+                agent, wire.SESSION_HEARTBEAT, lambda session: session.heartbeat(slots), stop=self._quiet
             )
         except ApiError as exc:
+            if self._quiet.is_set() and transient(exc):
+                return 0.0  # held or stopped while it was retried (a 429/503): not a refusal
             log.error("heartbeat refused: %s", exc)
             return agent.session.heartbeat_interval
         assert answer is not None  # no done_if: every answer is a session

@@ -103,13 +103,14 @@ class Agent:
     def call(
         self,
         path: str,
-        body: Mapping[str, object],
+        body: Mapping[str, object] | Callable[[], Mapping[str, object]],
         *,
         patience: float | None = None,
         stop: threading.Event | None = None,
         timeout: float | None = None,
         interruptible: bool = False,
         on_retry: Callable[[], None] | None = None,
+        before_try: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """POST with the retry policy of ``agent.calls`` (see :func:`agent.calls.call`)."""
         return calls.call(
@@ -122,6 +123,7 @@ class Agent:
             timeout=timeout,
             interruptible=interruptible,
             on_retry=on_retry,
+            before_try=before_try,
         )
 
     def fail(self, stop: Stop) -> None:
@@ -196,8 +198,18 @@ class Agent:
 
     def _graceful_shutdown(self) -> int:
         self.heartbeat.hold(wait=self.client.timeout)  # none in flight while the drain is sent
+        if self._fatal is not None:  # a heartbeat answered meanwhile that this session is fenced
+            return self._die(self._fatal)
         try:
-            answer = session_call(self, wire.SESSION_DRAIN, patience=SHUTDOWN_PATIENCE)
+            # Held only while a try of the drain is in flight: between tries (the control plane
+            # busy or unreachable) the heartbeat keeps the session alive.
+            answer = session_call(
+                self,
+                wire.SESSION_DRAIN,
+                patience=SHUTDOWN_PATIENCE,
+                before_try=lambda: self.heartbeat.hold(wait=self.client.timeout),
+                on_retry=self.heartbeat.resume,
+            )
         except Stop as stop:
             return self._die(stop)
         except (ApiError, TransportError) as exc:

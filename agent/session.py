@@ -122,9 +122,11 @@ def session_call(
     done_if: frozenset[str] = frozenset(),
     patience: float | None = None,
     stop: threading.Event | None = None,
+    before_try: Callable[[], None] | None = None,
+    on_retry: Callable[[], None] | None = None,
 ) -> m.SessionAnswer | None:
     """A session call carrying ``expectedVersion`` (heartbeat, drain, offline); ``build`` makes
-    its body from the session.
+    its body from the session; ``before_try`` and ``on_retry`` as for ``agent.calls.call``.
 
     A ``session_version_conflict`` carrying ``currentVersion`` is adopted for one more try. An
     error code in ``done_if`` means the call's goal already holds (``session_offline`` for the
@@ -133,7 +135,16 @@ def session_call(
     session = agent.session
     for attempt in range(2):
         try:
-            return cast(m.SessionAnswer, agent.call(path, build(session), patience=patience, stop=stop))
+            # Built for each try: a heartbeat between two tries of a drain may have moved the version.
+            answer = agent.call(
+                path,
+                lambda: build(session),
+                patience=patience,
+                stop=stop,
+                before_try=before_try,
+                on_retry=on_retry,
+            )
+            return cast(m.SessionAnswer, answer)
         except Stop as fenced:
             if isinstance(fenced.__cause__, ApiError) and fenced.__cause__.code in done_if:
                 return None
