@@ -39,6 +39,7 @@ import hashlib
 import logging
 import os
 import secrets
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.locmem import LocMemCache
 from django.db import connection
+from tenacity import Retrying, stop_after_attempt, wait_random_exponential
 
 from core.conf import protocol
 from protocol.errors import ProtocolError
@@ -57,7 +59,13 @@ from .models import CredentialState, WorkerCredential, WorkerSession, WorkerStat
 
 log = logging.getLogger("qinglong.auth")
 
-_CREDENTIAL_KEY = "worker-credential:{}:{}"
+#: Copies of credentials: with the shared cache a (credential, version) pair. ``-v2`` since that
+#: pair replaced a bare credential: a replica of the release before reads the key it knows, and
+#: would take a pair for a credential (its requests failing), so each format has its own key.
+_CREDENTIAL_KEY = "worker-credential-v2:{}:{}"
+#: The previous release's key, evicted as well while replicas of it may still serve (a rolling
+#: deploy): a credential changed on this release must not stay cached on one of those.
+_PREVIOUS_CREDENTIAL_KEY = "worker-credential:{}:{}"
 _SESSION_OWNER_KEY = "worker-session-owner:{}"
 _VERSION_KEY = "worker-credential-version:{}"
 #: Session ownership never changes; a day keeps the hot set warm without growing for ever.
@@ -191,6 +199,8 @@ def _read_credential(key_id: str) -> tuple[_Credential | None, int | None]:
     current one is read again from the database.
     """
     key = _credential_key(key_id)
+    if _PENDING_EVICTIONS:  # a change this process could not evict yet: first that, or no answer
+        flush_pending_evictions()
     if not cache_is_shared():
         cached = cache.get(key)
         if cached is not None:
@@ -252,24 +262,99 @@ def forget_credentials(credential_ids: list[str]) -> None:
     replica's copy in memory on its next request); with per-process caches the epoch file is rewritten too,
     so other processes of the installation (``manage.py serve`` when a command revoked) stop
     trusting what they cached (ADR-0012 §1: a revoked credential fails on the next request).
-    Never raises: an unwritable state directory is logged, and other processes then notice
-    within ``CREDENTIAL_CACHE_SECONDS``.
+
+    Never raises (the change it follows has committed). Redis refusing the eviction is retried
+    at once a few times; if it still fails the eviction is kept and made before this process
+    reads any credential again and by a background thread as soon as Redis answers, until every
+    copy it targets has expired (``CREDENTIAL_CACHE_SECONDS``); while Redis is down no request
+    authenticates at all (``cache_unavailable``). An unwritable state directory is logged, and
+    other processes then notice within ``CREDENTIAL_CACHE_SECONDS``.
     """
-    keys = [_credential_key(key_id) for key_id in credential_ids]
+    if not cache_is_shared():
+        cache.delete_many([_credential_key(key_id) for key_id in credential_ids])
+        _bump_credential_epoch()
+        return
+    for key_id in credential_ids:  # this process never again serves its own copy
+        _LOCAL_CREDENTIALS.pop(cache.make_key(_credential_key(key_id)), None)
+    try:
+        _EVICTION_RETRIES(_evict_shared, credential_ids)
+    except Exception:  # Redis is unreachable: kept for later (above), never the caller's 500
+        log.error(
+            "could not evict changed credential(s) %s from the shared cache; retrying until Redis answers",
+            ", ".join(credential_ids),
+            exc_info=True,
+        )
+        _defer_eviction(credential_ids)
+
+
+#: Immediate retries of an eviction (a blip of Redis): three tries within about a second.
+_EVICTION_RETRIES = Retrying(
+    stop=stop_after_attempt(3), wait=wait_random_exponential(multiplier=0.1, max=0.5), reraise=True
+)
+#: {credential id: monotonic time after which every copy it could have left has expired}.
+_PENDING_EVICTIONS: dict[str, float] = {}
+_PENDING_LOCK = threading.Lock()
+_evicter: threading.Thread | None = None
+
+
+def _evict_shared(credential_ids: list[str]) -> None:
     # The shared copies go first: a process that reads between the two writes gets the database's
     # (changed) credential with the old version, which the new version then ends — never the old
     # credential with the new version.
-    cache.delete_many(keys)
-    if cache_is_shared():
-        # A new version for every replica's in-process copy to notice; it outlives any copy.
-        cache.set_many(
-            {_VERSION_KEY.format(key_id): secrets.randbits(62) for key_id in credential_ids},
-            _version_lifetime(),
-        )
-        for key in keys:
-            _LOCAL_CREDENTIALS.pop(cache.make_key(key), None)
-    else:
-        _bump_credential_epoch()
+    epoch = _credential_epoch()
+    cache.delete_many(
+        [
+            key.format(epoch, key_id)
+            for key_id in credential_ids
+            for key in (_CREDENTIAL_KEY, _PREVIOUS_CREDENTIAL_KEY)
+        ]
+    )
+    # A new version for every replica's in-process copy to notice; it outlives any copy.
+    cache.set_many(
+        {_VERSION_KEY.format(key_id): secrets.randbits(62) for key_id in credential_ids}, _version_lifetime()
+    )
+
+
+def _defer_eviction(credential_ids: list[str]) -> None:
+    """Keep ``credential_ids`` to evict once Redis answers, and make sure a thread is trying."""
+    global _evicter
+    until = time.monotonic() + _version_lifetime()
+    with _PENDING_LOCK:
+        for key_id in credential_ids:
+            _PENDING_EVICTIONS[key_id] = until
+        if _evicter is None or not _evicter.is_alive():
+            _evicter = threading.Thread(target=_evict_when_possible, name="credential-evictions", daemon=True)
+            _evicter.start()
+
+
+def flush_pending_evictions() -> None:
+    """Make the evictions Redis refused earlier (:func:`forget_credentials`); raises the cache's
+    error if it still refuses (the caller's request then answers ``cache_unavailable``)."""
+    with _PENDING_LOCK:
+        now = time.monotonic()
+        for key_id in [k for k, until in _PENDING_EVICTIONS.items() if until <= now]:
+            del _PENDING_EVICTIONS[key_id]  # every copy it could have left has expired
+        pending = list(_PENDING_EVICTIONS)
+    if not pending:
+        return
+    _evict_shared(pending)
+    with _PENDING_LOCK:
+        for key_id in pending:
+            _PENDING_EVICTIONS.pop(key_id, None)
+    log.info("evicted changed credential(s) %s from the shared cache", ", ".join(pending))
+
+
+def _evict_when_possible() -> None:
+    delay = 0.2
+    while True:
+        with _PENDING_LOCK:
+            if not _PENDING_EVICTIONS:
+                return
+        try:
+            flush_pending_evictions()
+        except Exception:  # still unreachable: try again, at least once a second
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
 
 
 def _version_lifetime() -> int:

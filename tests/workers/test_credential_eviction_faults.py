@@ -1,0 +1,108 @@
+"""A credential change whose eviction from the shared cache fails, and a rolling deploy's two copy
+formats (``workers.principals.forget_credentials``; docs/transport.md, credentials cache).
+
+* Redis is gone when a forced rotation commits: the change still answers (it committed), and no
+  replica authenticates the rotated-out key once Redis is back with what it held — a private
+  Redis with an append-only file, killed with SIGKILL and started again from that file, so the
+  stale copy and its version are really there when it returns.
+* The release before ``-v2`` keys read ``worker-credential:<epoch>:<keyid>`` as a bare
+  credential: this release writes nothing there (a replica of the previous release would fail on
+  a pair), and a change evicts it too (such a replica must not keep a changed credential).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+
+import pytest
+import redis
+from django.core.cache import cache
+
+from actions.credentials import credential_force_rotation
+from actions.workers import worker_revoke
+from protocol import wire
+from tests.agent.processes import free_port, wait_for
+from tests.helpers import SignedClient, enrolled_worker, register
+from tests.workers.test_auth_local_layer_review import _cluster_cache, _forget_keys
+from workers import principals
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def _start_redis(port: int, directory) -> subprocess.Popen:
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--save", ""]
+        + ["--appendonly", "yes", "--appendfsync", "always"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port, socket_connect_timeout=1)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    wait_for(answers, timeout=10, what="the private Redis")
+    return server
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_a_rotation_committed_while_redis_was_down_is_refused_once_it_is_back(
+    client, settings, protocol_settings, tmp_path
+):
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    server = _start_redis(port, tmp_path)
+    try:
+        _cluster_cache(settings, url)
+        protocol_settings(ROTATION_GRACE_SECONDS=0)
+        worker = enrolled_worker()
+        session = register(worker)
+        api = SignedClient(client, worker)
+        body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 1}
+        assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200  # its copy is in Redis now
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+
+        credential_force_rotation(worker_id=worker.worker_id)  # commits; the eviction cannot reach Redis
+
+        server = _start_redis(port, tmp_path)  # back with the stale copy and its version
+        copy = cache.get(principals._credential_key(worker.credential_id))
+        assert copy is not None and copy[0].state == "active", copy  # what the eviction missed
+        this = api.post(wire.SESSION_HEARTBEAT, body)
+        assert (this.status_code, this.json()["code"]) == (401, "credential_expired"), this.json()
+        wait_for(lambda: not principals._PENDING_EVICTIONS, timeout=10, what="the deferred eviction")
+        principals._LOCAL_CREDENTIALS.clear()  # another replica: nothing of its own in memory
+        another = api.post(wire.SESSION_HEARTBEAT, body)
+        assert (another.status_code, another.json()["code"]) == (401, "credential_expired"), another.json()
+    finally:
+        principals._PENDING_EVICTIONS.clear()
+        principals._LOCAL_CREDENTIALS.clear()
+        server.kill()
+        server.wait(10)
+
+
+@pytest.mark.redis
+def test_the_previous_releases_key_is_never_written_and_is_evicted_on_a_change(client, settings, redis_url):
+    _cluster_cache(settings, redis_url)
+    worker = enrolled_worker()
+    session = register(worker)
+    api = SignedClient(client, worker)
+    body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 1}
+    previous = principals._PREVIOUS_CREDENTIAL_KEY.format(
+        principals._credential_epoch(), worker.credential_id
+    )
+    try:
+        assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200
+        assert cache.get(previous) is None  # the pair went under the -v2 key only
+        stale = principals._credential_from_database(worker.credential_id)
+        cache.set(previous, stale, timeout=30)  # as a replica of the previous release caches it
+        worker_revoke(worker_id=worker.worker_id)
+        assert cache.get(previous) is None
+    finally:
+        _forget_keys(redis_url, worker.credential_id, session.session_id)
+        principals._LOCAL_CREDENTIALS.clear()
