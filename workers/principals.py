@@ -34,6 +34,7 @@ version the change has already moved, which no request takes as current.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import logging
@@ -295,6 +296,11 @@ _EVICTION_RETRIES = Retrying(
 _PENDING_EVICTIONS: dict[str, float] = {}
 _PENDING_LOCK = threading.Lock()
 _evicter: threading.Thread | None = None
+_waits_at_exit = False
+#: Seconds between two tries of a pending eviction (each a connection attempt while Redis is down).
+EVICTION_RETRY_SECONDS = 0.2
+#: Past a copy's lifetime, how long a pending eviction is still tried (clocks of Redis and replicas).
+EVICTION_MARGIN_SECONDS = 5
 
 
 def _evict_shared(credential_ids: list[str]) -> None:
@@ -316,15 +322,19 @@ def _evict_shared(credential_ids: list[str]) -> None:
 
 
 def _defer_eviction(credential_ids: list[str]) -> None:
-    """Keep ``credential_ids`` to evict once Redis answers, and make sure a thread is trying."""
-    global _evicter
-    until = time.monotonic() + _version_lifetime()
+    """Keep ``credential_ids`` to evict once Redis answers, with a thread trying until then; a
+    process that exits first (a ``manage.py`` command) waits for it (:func:`_evict_before_exit`)."""
+    global _evicter, _waits_at_exit
+    until = time.monotonic() + protocol().credential_cache_seconds + EVICTION_MARGIN_SECONDS
     with _PENDING_LOCK:
         for key_id in credential_ids:
             _PENDING_EVICTIONS[key_id] = until
-        if _evicter is None or not _evicter.is_alive():
+        if _evicter is None:
             _evicter = threading.Thread(target=_evict_when_possible, name="credential-evictions", daemon=True)
             _evicter.start()
+        if not _waits_at_exit:
+            atexit.register(_evict_before_exit)
+            _waits_at_exit = True
 
 
 def flush_pending_evictions() -> None:
@@ -341,20 +351,41 @@ def flush_pending_evictions() -> None:
     with _PENDING_LOCK:
         for key_id in pending:
             _PENDING_EVICTIONS.pop(key_id, None)
-    log.info("evicted changed credential(s) %s from the shared cache", ", ".join(pending))
+    log.warning(
+        "evicted changed credential(s) %s from the shared cache, now that it answers", ", ".join(pending)
+    )
 
 
 def _evict_when_possible() -> None:
-    delay = 0.2
+    """The eviction thread: try every :data:`EVICTION_RETRY_SECONDS` until nothing is pending."""
+    global _evicter
     while True:
         with _PENDING_LOCK:
             if not _PENDING_EVICTIONS:
+                _evicter = None  # under the lock: a deferral from now on starts a new thread
                 return
         try:
             flush_pending_evictions()
-        except Exception:  # still unreachable: try again, at least once a second
-            time.sleep(delay)
-            delay = min(1.0, delay * 2)
+        except Exception:  # still unreachable
+            time.sleep(EVICTION_RETRY_SECONDS)
+
+
+def _evict_before_exit() -> None:
+    """At exit, with evictions still pending (Redis unreachable since the change): keep trying
+    until they are made or every copy they target has expired, so that a command's change is
+    never left only in a cache that comes back (at most ``CREDENTIAL_CACHE_SECONDS`` + margin)."""
+    if not _PENDING_EVICTIONS:
+        return
+    log.warning(
+        "waiting for the shared cache to evict changed credential(s) %s before exiting (at most %ss)",
+        ", ".join(_PENDING_EVICTIONS),
+        protocol().credential_cache_seconds + EVICTION_MARGIN_SECONDS,
+    )
+    while _PENDING_EVICTIONS:
+        try:
+            flush_pending_evictions()
+        except Exception:
+            time.sleep(EVICTION_RETRY_SECONDS)
 
 
 def _version_lifetime() -> int:

@@ -5,6 +5,8 @@ formats (``workers.principals.forget_credentials``; docs/transport.md, credentia
   replica authenticates the rotated-out key once Redis is back with what it held — a private
   Redis with an append-only file, killed with SIGKILL and started again from that file, so the
   stale copy and its version are really there when it returns.
+* The same from the command line (``manage.py worker_admin rotate``, a process that exits): it
+  does not exit before Redis is back and the eviction made, or every copy has expired.
 * The release before ``-v2`` keys read ``worker-credential:<epoch>:<keyid>`` as a bare
   credential: this release writes nothing there (a replica of the previous release would fail on
   a pair), and a change evicts it too (such a replica must not keep a changed credential).
@@ -12,9 +14,11 @@ formats (``workers.principals.forget_credentials``; docs/transport.md, credentia
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
+import sys
 
 import pytest
 import redis
@@ -23,10 +27,11 @@ from django.core.cache import cache
 from actions.credentials import credential_force_rotation
 from actions.workers import worker_revoke
 from protocol import wire
-from tests.agent.processes import free_port, wait_for
+from tests.agent.processes import ROOT, database_url, free_port, wait_for
 from tests.helpers import SignedClient, enrolled_worker, register
 from tests.workers.test_auth_local_layer_review import _cluster_cache, _forget_keys
 from workers import principals
+from workers.models import CredentialState, WorkerCredential
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -81,6 +86,61 @@ def test_a_rotation_committed_while_redis_was_down_is_refused_once_it_is_back(
         assert (another.status_code, another.json()["code"]) == (401, "credential_expired"), another.json()
     finally:
         principals._PENDING_EVICTIONS.clear()
+        principals._LOCAL_CREDENTIALS.clear()
+        server.kill()
+        server.wait(10)
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_a_rotation_from_the_command_line_while_redis_is_down_waits_to_evict_it(
+    client, settings, protocol_settings, tmp_path
+):
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    server = _start_redis(port, tmp_path)
+    command = None
+    try:
+        _cluster_cache(settings, url)
+        protocol_settings(ROTATION_GRACE_SECONDS=0)
+        worker = enrolled_worker()
+        session = register(worker)
+        api = SignedClient(client, worker)
+        body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 1}
+        assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200  # its copy is in Redis now
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+        command = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "worker_admin", "rotate", worker.name],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "DATABASE_URL": database_url(),
+                "QINGLONG_SHARED_CACHE": "true",
+                "REDIS_URL": url,
+                "QINGLONG_ROTATION_GRACE_SECONDS": "0",
+            },
+        )
+        waiting = ""
+        for line in command.stderr:  # its log: the eviction failed, and it waits for Redis
+            if "waiting for the shared cache to evict" in line:
+                waiting = line
+                break
+        assert waiting, command.communicate(timeout=60)
+        rotated = WorkerCredential.objects.get(pk=worker.credential_id)
+        assert rotated.state == CredentialState.ROTATED  # committed while Redis was down
+        assert command.poll() is None  # and not exited before the eviction
+        server = _start_redis(port, tmp_path)  # back with the stale copy and its version
+        out, err = command.communicate(timeout=60)
+        assert command.returncode == 0, err
+        principals._LOCAL_CREDENTIALS.clear()  # a replica with nothing of its own in memory
+        answer = api.post(wire.SESSION_HEARTBEAT, body)
+        assert (answer.status_code, answer.json()["code"]) == (401, "credential_expired"), answer.json()
+    finally:
+        if command is not None and command.poll() is None:
+            command.kill()
         principals._LOCAL_CREDENTIALS.clear()
         server.kill()
         server.wait(10)
