@@ -55,8 +55,9 @@ def _replica(index: int, sessions: list[tuple], barrier, results) -> None:
                 "lease_token",
             )
         }
-        lease_starting(**fence, offer_id=lease["offer_id"], lease_version=0)
-        lease_running(
+        as_a_worker_would(lease_starting, **fence, offer_id=lease["offer_id"], lease_version=0)
+        as_a_worker_would(
+            lease_running,
             **fence,
             offer_id=lease["offer_id"],
             lease_version=0,
@@ -64,8 +65,21 @@ def _replica(index: int, sessions: list[tuple], barrier, results) -> None:
             pgid=None,
             executor_handle=f"replica-{index}",
         )
-        lease_complete(**fence, completion=Completion(1, "succeeded", 0))
+        as_a_worker_would(lease_complete, **fence, completion=Completion(1, "succeeded", 0))
         outcomes["finished"] += 1
+
+    def as_a_worker_would(call, **arguments):
+        """The call, tried again after ``storage_busy`` (503) as an agent does: four writers on
+        one SQLite file on a loaded machine can outwait the busy timeout and the retry budget."""
+        for _ in range(30):
+            try:
+                return call(**arguments)
+            except DomainError as exc:
+                if exc.code != "storage_busy":
+                    raise
+                outcomes["storage_busy"] += 1
+                time.sleep(0.05)
+        return call(**arguments)
 
     try:
         barrier.wait(timeout=60)
@@ -160,7 +174,8 @@ def test_four_processes_claim_a_backlog_exactly_once_within_every_workers_capaci
     assert not failures, failures[0]
     assert sorted(claims for _, claims, _, _ in reports) == [CLAIMS_EACH] * PROCESSES
     outcomes = sum((Counter(o) for _, _, o, _ in reports), Counter())
-    assert set(outcomes) <= {"finished", "capacity_exhausted", "empty"}, outcomes
+    # storage_busy: SQLite's writers outwaited the busy timeout (a loaded machine); nothing written
+    assert set(outcomes) <= {"finished", "capacity_exhausted", "empty", "storage_busy"}, outcomes
     assert outcomes["capacity_exhausted"] > 0, "the race never met a full worker"
 
     # every attempt claimed exactly once: one lease each, no attempt left unclaimed
