@@ -15,7 +15,8 @@ from django.db import connection
 
 from actions.sessions.heartbeat import session_heartbeat
 from tests.helpers import enqueue, enrolled_worker, make_revision, register
-from tests.leases.flows import claim_one, release
+from tests.leases.flows import claim_one, complete, release, renew, start
+from tests.logs.flows import append
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
 
@@ -233,3 +234,75 @@ def test_a_claims_first_read_does_not_grow_with_the_leases_its_worker_and_sessio
     later = _most_statement_buffers(_plans_of(claim_and_release, analyze=True), "SELECT se.generation")
     assert first > 0, first
     assert later <= first + 10, (first, later)
+
+
+#: Copies of a worker's session that ended (``n`` of them, generations 1000 on): a worker restarted
+#: that often (a crash loop, a router rebooting nightly for years) has as many session rows.
+_GROW_SESSIONS = """
+INSERT INTO workers_workersession
+SELECT (jsonb_populate_record(NULL::workers_workersession, to_jsonb(s) || jsonb_build_object(
+        'id', gen_random_uuid(), 'generation', 1000 + g, 'state', 'offline'))).*
+  FROM workers_workersession s, generate_series(1, %s) AS g
+ WHERE s.id = %s
+"""
+
+
+def test_every_worker_call_reads_by_key_however_many_sessions_and_leases_its_worker_had(protocol_settings):
+    """The session and lease lookups planned on small tables must not read the worker's other
+    sessions or leases once it has many (leases ``0016``, logs ``0005``): claim, ACKs, renewal,
+    log append, completion, release and heartbeat, each statement of each. The live session is
+    the worker's newest row, as after any restart: behind every one it ended (1,840 buffers a
+    call after 20,000 restarts, against 5)."""
+    protocol_settings(DISPATCH_HOLD_SECONDS=0)  # no claim ranking: the function answers alone
+    worker = enrolled_worker()
+    live = [register(worker)]
+    revision = make_revision()
+    for _ in range(6):
+        enqueue(revision)
+
+    def every_call() -> None:
+        session = live[-1]
+        release(claim_one(session))
+        held = start(claim_one(session))
+        renew(held)
+        append(held, 1, b"out\n")
+        complete(held)
+        session.version = session_heartbeat(
+            worker_id=worker.worker_id,
+            session_id=session.session_id,
+            generation=session.generation,
+            available_slots=2,
+            expected_version=session.version,
+        ).session.version
+
+    for _ in range(2):  # plans made on a worker with one session and a few leases
+        every_call()
+    with connection.cursor() as cursor:
+        cursor.execute(_GROW_SESSIONS, [20_000, live[-1].session_id])
+        cursor.execute(_GROW, [20_000])
+    live.append(register(worker))  # the worker restarts: its new session is its newest row
+    plans = _plans_of(every_call, analyze=True)
+    assert any("ql_log_append" in plan for plan in plans), "the log append ran its function"
+    # The statements that read the session (with the claim's capacity and replay, the release's
+    # lease): the queue's reads also meet the dead rows other tests leave, and have their own tests.
+    reads = [(read, text) for read, text in _statement_buffers(plans) if "workers_workersession" in text]
+    assert len(reads) >= 6, reads  # two claims, a release and a renewal, two ACKs, completion, append
+    assert max(reads)[0] <= 100, sorted(reads, reverse=True)[:3]
+    # Whatever the statistics: the session is found by its key, never among its worker's rows.
+    session_reads = [plan for plan in plans if re.search(r"FROM workers_workersession( se)? WHERE", plan)]
+    assert len(session_reads) >= 6, session_reads
+    for plan in session_reads:
+        assert "workers_workersession_pkey" in plan and "worker_id_" not in plan, plan
+
+
+def _statement_buffers(plans: list[str]) -> list[tuple[int, str]]:
+    """(shared buffers read, first line) of each statement the functions ran (the calls excluded)."""
+    out = []
+    for plan in plans:
+        text = plan.split("Query Text:", 1)[-1].strip()
+        if text.startswith(("SELECT ql_lease_", "SELECT ql_log_")):
+            continue
+        top = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
+        if top:
+            out.append((int(top.group(1)) + int(top.group(2) or 0), " ".join(text.split())))
+    return out
