@@ -226,10 +226,10 @@ def test_a_claims_first_read_does_not_grow_with_the_leases_its_worker_and_sessio
         release(claim_one(session))
 
     first = _most_statement_buffers(_plans_of(claim_and_release, analyze=True), "SELECT se.generation")
-    for _ in range(150):  # ended leases of this session, each still an entry of its active index
+    for _ in range(60):  # ended leases of this session, each still an entry of its active index
         claim_and_release()
     with connection.cursor() as cursor:
-        cursor.execute(_GROW, [20_000])  # and a long history of the worker (released leases)
+        cursor.execute(_GROW, [5_000])  # and a long history of the worker (released leases)
     claim_and_release()  # the first claim past the ended entries may visit each once
     later = _most_statement_buffers(_plans_of(claim_and_release, analyze=True), "SELECT se.generation")
     assert first > 0, first
@@ -252,7 +252,7 @@ def test_every_worker_call_reads_by_key_however_many_sessions_and_leases_its_wor
     sessions or leases once it has many (leases ``0016``, logs ``0005``): claim, ACKs, renewal,
     log append, completion, release and heartbeat, each statement of each. The live session is
     the worker's newest row, as after any restart: behind every one it ended (1,840 buffers a
-    call after 20,000 restarts, against 5)."""
+    call after 20,000 restarts, against 5; 5,000 here)."""
     protocol_settings(DISPATCH_HOLD_SECONDS=0)  # no claim ranking: the function answers alone
     worker = enrolled_worker()
     live = [register(worker)]
@@ -278,8 +278,8 @@ def test_every_worker_call_reads_by_key_however_many_sessions_and_leases_its_wor
     for _ in range(2):  # plans made on a worker with one session and a few leases
         every_call()
     with connection.cursor() as cursor:
-        cursor.execute(_GROW_SESSIONS, [20_000, live[-1].session_id])
-        cursor.execute(_GROW, [20_000])
+        cursor.execute(_GROW_SESSIONS, [5_000, live[-1].session_id])
+        cursor.execute(_GROW, [5_000])
     live.append(register(worker))  # the worker restarts: its new session is its newest row
     plans = _plans_of(every_call, analyze=True)
     assert any("ql_log_append" in plan for plan in plans), "the log append ran its function"
