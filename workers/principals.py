@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
+import itertools
 import logging
 import os
 import secrets
@@ -292,8 +293,10 @@ def forget_credentials(credential_ids: list[str]) -> None:
 _EVICTION_RETRIES = Retrying(
     stop=stop_after_attempt(3), wait=wait_random_exponential(multiplier=0.1, max=0.5), reraise=True
 )
-#: {credential id: monotonic time after which every copy it could have left has expired}.
-_PENDING_EVICTIONS: dict[str, float] = {}
+#: {credential id: (monotonic time after which every copy it could have left has expired, which
+#: deferral)}: a flush removes only the deferrals it made.
+_PENDING_EVICTIONS: dict[str, tuple[float, int]] = {}
+_DEFERRALS = itertools.count()
 _PENDING_LOCK = threading.Lock()
 _evicter: threading.Thread | None = None
 _waits_at_exit = False
@@ -328,13 +331,20 @@ def _defer_eviction(credential_ids: list[str]) -> None:
     until = time.monotonic() + protocol().credential_cache_seconds + EVICTION_MARGIN_SECONDS
     with _PENDING_LOCK:
         for key_id in credential_ids:
-            _PENDING_EVICTIONS[key_id] = until
-        if _evicter is None:
-            _evicter = threading.Thread(target=_evict_when_possible, name="credential-evictions", daemon=True)
-            _evicter.start()
+            _PENDING_EVICTIONS[key_id] = (until, next(_DEFERRALS))
         if not _waits_at_exit:
             atexit.register(_evict_before_exit)
             _waits_at_exit = True
+        if _evicter is None:
+            thread = threading.Thread(target=_evict_when_possible, name="credential-evictions", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:
+                # No thread to be had (at shutdown, out of threads): the evictions are made by
+                # this process's next credential read or at its exit; a later deferral tries again.
+                log.exception("could not start the credential eviction thread")
+                return
+            _evicter = thread  # published once started: a thread that never ran is never waited on
 
 
 def flush_pending_evictions() -> None:
@@ -342,15 +352,18 @@ def flush_pending_evictions() -> None:
     error if it still refuses (the caller's request then answers ``cache_unavailable``)."""
     with _PENDING_LOCK:
         now = time.monotonic()
-        for key_id in [k for k, until in _PENDING_EVICTIONS.items() if until <= now]:
+        for key_id in [k for k, (until, _) in _PENDING_EVICTIONS.items() if until <= now]:
             del _PENDING_EVICTIONS[key_id]  # every copy it could have left has expired
-        pending = list(_PENDING_EVICTIONS)
+        pending = dict(_PENDING_EVICTIONS)
     if not pending:
         return
-    _evict_shared(pending)
+    _evict_shared(list(pending))
     with _PENDING_LOCK:
-        for key_id in pending:
-            _PENDING_EVICTIONS.pop(key_id, None)
+        for key_id, deferral in pending.items():
+            # Deferred again meanwhile (a later change whose eviction failed after this one's
+            # writes): that one is still to be made.
+            if _PENDING_EVICTIONS.get(key_id) == deferral:
+                del _PENDING_EVICTIONS[key_id]
     log.warning(
         "evicted changed credential(s) %s from the shared cache, now that it answers", ", ".join(pending)
     )

@@ -19,6 +19,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import redis
@@ -166,3 +168,64 @@ def test_the_previous_releases_key_is_never_written_and_is_evicted_on_a_change(c
     finally:
         _forget_keys(redis_url, worker.credential_id, session.session_id)
         principals._LOCAL_CREDENTIALS.clear()
+
+
+# --- the bookkeeping of deferred evictions, with Redis's refusals played by the eviction itself ----
+
+
+@pytest.fixture
+def deferring(monkeypatch):
+    """A shared cache whose eviction this test plays; the process's exit never waits for it."""
+    monkeypatch.setattr(principals, "cache_is_shared", lambda: True)
+    monkeypatch.setattr(principals, "_EVICTION_RETRIES", lambda evict, ids: evict(ids))  # one try
+    monkeypatch.setattr(principals, "_waits_at_exit", True)
+    principals._PENDING_EVICTIONS.clear()
+    yield
+    principals._PENDING_EVICTIONS.clear()
+    wait_for(lambda: principals._evicter is None, timeout=10, what="the eviction thread's end")
+
+
+def _refused(ids: list[str]) -> None:
+    raise redis.ConnectionError("Connection refused")
+
+
+@pytest.mark.django_db
+def test_a_change_deferred_again_while_a_flush_runs_stays_pending(deferring, monkeypatch):
+    """A second change of the credential, refused by Redis after a flush's writes for the first:
+    that flush must not take the second one's deferral with it."""
+    written, resume = threading.Event(), threading.Event()
+
+    def evict(ids: list[str]) -> None:
+        if threading.current_thread().name != "flush":
+            _refused(ids)
+        written.set()  # the first change's eviction is made…
+        resume.wait(10)  # …and the flush is descheduled before it clears its entries
+
+    monkeypatch.setattr(principals, "_evict_shared", evict)
+    principals._PENDING_EVICTIONS["key"] = (time.monotonic() + 60, -1)  # the first change's
+    flush = threading.Thread(target=principals.flush_pending_evictions, name="flush")
+    flush.start()
+    assert written.wait(10)
+    principals.forget_credentials(["key"])  # the second change commits; Redis refuses it
+    resume.set()
+    flush.join(10)
+    assert "key" in principals._PENDING_EVICTIONS
+
+
+@pytest.mark.django_db
+def test_no_thread_for_the_evictions_is_not_a_failed_change(deferring, monkeypatch):
+    monkeypatch.setattr(principals, "_evict_shared", _refused)
+    start = threading.Thread.start
+
+    def no_thread(thread: threading.Thread) -> None:
+        if thread.name == "credential-evictions":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    principals.forget_credentials(["first"])  # committed already: never raises
+    assert principals._evicter is None and "first" in principals._PENDING_EVICTIONS
+    monkeypatch.setattr(threading.Thread, "start", start)  # threads to be had again
+    principals.forget_credentials(["second"])
+    assert principals._evicter is not None and principals._evicter.is_alive()
+    assert {"first", "second"} <= set(principals._PENDING_EVICTIONS)
