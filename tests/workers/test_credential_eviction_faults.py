@@ -57,6 +57,21 @@ def _start_redis(port: int, directory) -> subprocess.Popen:
     return server
 
 
+def _cached_then_redis_killed(client, settings, protocol_settings, url: str, server: subprocess.Popen):
+    """An enrolled worker whose credential the private Redis at ``url`` holds a copy of (one
+    signed heartbeat), then that Redis killed: (worker, its signed client, the heartbeat body)."""
+    _cluster_cache(settings, url)
+    protocol_settings(ROTATION_GRACE_SECONDS=0)
+    worker = enrolled_worker()
+    session = register(worker)
+    api = SignedClient(client, worker)
+    body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 1}
+    assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200  # its copy is in Redis now
+    server.send_signal(signal.SIGKILL)
+    server.wait(10)
+    return worker, api, body
+
+
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 def test_a_rotation_committed_while_redis_was_down_is_refused_once_it_is_back(
     client, settings, protocol_settings, tmp_path
@@ -65,15 +80,7 @@ def test_a_rotation_committed_while_redis_was_down_is_refused_once_it_is_back(
     url = f"redis://127.0.0.1:{port}/0"
     server = _start_redis(port, tmp_path)
     try:
-        _cluster_cache(settings, url)
-        protocol_settings(ROTATION_GRACE_SECONDS=0)
-        worker = enrolled_worker()
-        session = register(worker)
-        api = SignedClient(client, worker)
-        body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 1}
-        assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200  # its copy is in Redis now
-        server.send_signal(signal.SIGKILL)
-        server.wait(10)
+        worker, api, body = _cached_then_redis_killed(client, settings, protocol_settings, url, server)
 
         credential_force_rotation(worker_id=worker.worker_id)  # commits; the eviction cannot reach Redis
 
@@ -102,15 +109,7 @@ def test_a_rotation_from_the_command_line_while_redis_is_down_waits_to_evict_it(
     server = _start_redis(port, tmp_path)
     command = None
     try:
-        _cluster_cache(settings, url)
-        protocol_settings(ROTATION_GRACE_SECONDS=0)
-        worker = enrolled_worker()
-        session = register(worker)
-        api = SignedClient(client, worker)
-        body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 1}
-        assert api.post(wire.SESSION_HEARTBEAT, body).status_code == 200  # its copy is in Redis now
-        server.send_signal(signal.SIGKILL)
-        server.wait(10)
+        worker, api, body = _cached_then_redis_killed(client, settings, protocol_settings, url, server)
         command = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "worker_admin", "rotate", worker.name],
             cwd=ROOT,
