@@ -39,6 +39,7 @@ from protocol import wire
 from protocol.ids import uuid7
 
 from .attempts import AttemptRunner
+from .calls import transient
 from .client import ApiError, TransportError
 
 if TYPE_CHECKING:
@@ -108,6 +109,8 @@ class Claims:
     def _refused(self, exc: ApiError) -> None:
         if exc.code == "session_draining":
             self.agent.session.mark_draining()
+        elif transient(exc):  # a 429/503 whose retries a stop ended (shutdown, an interrupted wait)
+            log.info("claim not answered: %s", exc)
         elif exc.code not in ("capacity_exhausted", "rate_limited"):
             log.error("claim refused: %s", exc)
 
