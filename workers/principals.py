@@ -267,9 +267,10 @@ def forget_credentials(credential_ids: list[str]) -> None:
 
     Never raises (the change it follows has committed). Redis refusing the eviction is retried
     at once a few times; if it still fails the eviction is kept and made before this process
-    reads any credential again and by a background thread as soon as Redis answers, until every
-    copy it targets has expired (``CREDENTIAL_CACHE_SECONDS``); while Redis is down no request
-    authenticates at all (``cache_unavailable``). An unwritable state directory is logged, and
+    reads any credential again, by a background thread as soon as Redis answers, and before the
+    process exits (a ``manage.py`` command waits for it), until every copy it targets has expired
+    (``CREDENTIAL_CACHE_SECONDS`` + :data:`EVICTION_MARGIN_SECONDS`); while Redis is down no
+    request authenticates at all (``cache_unavailable``). An unwritable state directory is logged, and
     other processes then notice within ``CREDENTIAL_CACHE_SECONDS``.
     """
     if not cache_is_shared():
