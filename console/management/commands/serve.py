@@ -19,6 +19,7 @@ import os
 import socket
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -63,6 +64,31 @@ def _stop_when_told(told: Callable[[], bool], stop: threading.Event) -> None:
     while not stop.wait(0.1):
         if told():
             stop.set()
+
+
+def _answers_healthz(host: str, port: int) -> bool:
+    """Whether this server answers its own ``/healthz`` (200) at ``host:port`` now."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        with urllib.request.urlopen(f"http://{netloc}/healthz", timeout=1) as answer:  # noqa: S310
+            return answer.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+def _wait_until_serving(host: str, port: int, ready: threading.Event, stop: threading.Event) -> None:
+    """Set ``ready`` once the server processes answer requests (their Django set up): the liveness
+    beat starts only then, so an outage's grace window (docs/leases.md, Outages) opens when this
+    replica can take the calls it excuses, not seconds before, while its processes still start."""
+    while not stop.is_set():
+        if _answers_healthz(host, port):
+            ready.set()
+            return
+        stop.wait(0.1)
 
 
 def claim_port(host: str, port: int) -> IO[str]:
@@ -169,10 +195,18 @@ class Command(BaseCommand):
             return bool(server.interrupt_signal)
 
         # Every replica beats the control plane's liveness row while it can serve (docs/leases.md,
-        # Outages): the sweeps excuse what lapsed while no replica could.
+        # Outages): the sweeps excuse what lapsed while no replica could. From the moment its
+        # server processes answer, not before: the grace window after an outage opens with it.
+        ready = threading.Event()
+        threading.Thread(
+            target=_wait_until_serving,
+            args=(options["host"], options["port"], ready, stop),
+            name="readiness-probe",
+            daemon=True,
+        ).start()
         threading.Thread(
             target=beat_loop,
-            args=(stop, protocol().liveness_beat_seconds, lambda: not told_to_stop()),
+            args=(stop, protocol().liveness_beat_seconds, lambda: ready.is_set() and not told_to_stop()),
             name="liveness-beat",
             daemon=True,
         ).start()
