@@ -192,7 +192,7 @@ _WORKER_COLUMNS = [str(field.column) for field in Worker._meta.concrete_fields]
 #: run by key, and is sorted only afterwards: sorted in place, a plan made while the lease table
 #: was nearly empty walked every active lease in attempt order (``one_active_lease_per_attempt``,
 #: which yields that order) and kept doing so as the fleet grew — 20,082 buffers per heartbeat
-#: against 11 (tests/leases/test_lease_function_plans.py).
+#: against 11 (tests/plans/test_lease_function_plans.py).
 #: Prepared once per connection (core.db.prepared_row), each parameter bound in the binary format
 #: and cast to its type; the worker's integers are compared as ``numeric``, so a fence value past
 #: the bigint range (the API allows 19 digits) matches no row and is refused with its fence code.

@@ -19,7 +19,7 @@ the statistics say (a table with no usable index is still scanned, the setting o
 against it).
 
 ``CREATE OR REPLACE FUNCTION`` resets a function's settings, so a later migration that replaces
-one of these functions must set them again: ``tests/leases/test_lease_function_plans.py`` checks
+one of these functions must set them again: ``tests/plans/test_lease_function_plans.py`` checks
 every function in :data:`FUNCTIONS` carries them.
 """
 

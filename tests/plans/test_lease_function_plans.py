@@ -3,7 +3,8 @@ docs/performance.md "The functions' statements planned once"): the setting is on
 them, so a later ``CREATE OR REPLACE FUNCTION`` that drops them fails here, and a connection that
 planned its claim while the lease table was nearly empty still reads leases by index once the
 table has grown. That the answers are unchanged is the PostgreSQL leg's lease, race and contract
-tests, which run with them."""
+tests, which run with them. (Not under tests/leases, whose tests run once per claim path: these
+set the one they need.)"""
 
 from __future__ import annotations
 
