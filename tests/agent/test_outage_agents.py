@@ -19,7 +19,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from actions.enrollment import enrollment_token_create, worker_create
-from audit.models import Event
+from audit.liveness import SERVING
+from audit.models import ControlPlaneBeat, Event
 from core.db import db_now
 from leases.models import RunDispatchLease
 from runs.models import Run, RunAttempt
@@ -80,6 +81,15 @@ def test_real_agents_jobs_ride_out_an_outage_of_twice_the_lease_and_finish_once(
             lambda: RunAttempt.objects.filter(state="running").count() == 2,
             timeout=60,
             what="two jobs running",
+        )
+        # The premise: the control plane served and beat its liveness row before it went down
+        # (a flushed test database has no row, and with none every lapse counts).
+        wait_for(
+            lambda: ControlPlaneBeat.objects.filter(
+                name=SERVING, beat_at__gte=db_now() - timedelta(seconds=2)
+            ).exists(),
+            timeout=30,
+            what="the control plane's liveness beat",
         )
         plane.stop()
         down = time.time()
