@@ -1,5 +1,16 @@
 """Server CPU per signed worker request, load-independently: ms of CPU and the profile's top
-entries for heartbeats and for claims that find nothing, through Django's whole stack in process.
+entries for heartbeats and for claims that find nothing, through Django's whole stack in process,
+and two figures that bound what a leaner request path could save:
+
+* ``floor``: an unsigned request for a worker path that names no endpoint (the WSGI handler, the
+  middleware, URL resolution and the JSON 404), which every request pays whatever its view does;
+* ``core``: what no claim path can leave out, called directly on a signed request object — the
+  request object, signature authentication with its nonce and rate-limit round trip
+  (``api.auth``), the strict JSON parse, the session-owner lookup of the principal binding and
+  ``lease_claim`` itself — without DRF's request, negotiation, serializers or renderer.
+
+A signed claim's CPU less ``floor`` and ``core`` is what DRF's dispatch, the serializers, the
+rendering, the access log of a real answer and the connection health check cost together.
 
 Usage::
 
@@ -18,11 +29,13 @@ connection is kept throughout (``CONN_MAX_AGE`` is raised so it never expires mi
 setup is not measured. Production (``manage.py serve``, Granian over ASGI) adds the ASGI adapter
 and a thread hop per request, which this does not measure.
 
-For each kind: 50 warm-up requests, then three rounds of ``--requests`` requests timed with
-``time.process_time`` (ms of CPU per request in this process, the least of the three: Redis and
-PostgreSQL do their part elsewhere), then as many
+For each kind (``heartbeat``, ``claim``, ``floor``, ``core``): 50 warm-up requests, then three
+rounds of ``--requests`` requests timed with ``time.process_time`` (ms of CPU per request in this
+process, the least of the three: Redis and PostgreSQL do their part elsewhere), then as many
 again under ``cProfile`` (timed by CPU) for the top entries by cumulative and by own time. Every
-answer must be 200.
+answer must be 200 (the floor's 404). Last line::
+
+    heartbeat_cpu_ms=<n> claim_cpu_ms=<n> floor_cpu_ms=<n> core_cpu_ms=<n>
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ import os
 import pstats
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import django
@@ -42,6 +56,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pgdb import ensure_database  # noqa: E402  (bench/pgdb.py)
+
+#: A worker API path that names no endpoint: the floor's request (answered 404 in JSON).
+FLOOR_PATH = "/api/v1/worker/no-such-endpoint"
 
 
 def configure(pg_url: str, redis_url: str) -> None:
@@ -98,12 +115,16 @@ def main() -> int:
 
     import secrets  # noqa: PLC0415
 
-    from django.core.handlers.wsgi import WSGIHandler  # noqa: PLC0415
+    from django.core.handlers.wsgi import WSGIHandler, WSGIRequest  # noqa: PLC0415
 
+    from actions.leases.claims import OfferRequest, lease_claim  # noqa: PLC0415
+    from api.auth import WorkerSignatureAuthentication  # noqa: PLC0415
+    from api.leases.views import ClaimView  # noqa: PLC0415
     from protocol import strictjson, wire  # noqa: PLC0415
     from protocol.ids import uuid7  # noqa: PLC0415
     from protocol.signer import WorkerKey, sign_request  # noqa: PLC0415
     from tests.helpers import enrolled_worker, register  # noqa: PLC0415
+    from workers.principals import session_owner  # noqa: PLC0415
 
     worker = enrolled_worker()
     session = register(worker)
@@ -121,7 +142,10 @@ def main() -> int:
         fence = {"sessionId": str(session.session_id), "generation": session.generation}
         out = []
         for _ in range(count):
-            if kind == "heartbeat":
+            if kind == "floor":  # no endpoint, no signature: what every request pays regardless
+                out.append((FLOOR_PATH, b"{}", {}))
+                continue
+            if kind == "heartbeat":  # "core" signs the claim's bodies
                 path = wire.SESSION_HEARTBEAT
                 body = {**fence, "expectedVersion": session.version, "availableSlots": 2}
             else:
@@ -142,29 +166,46 @@ def main() -> int:
     def start_response(status: str, headers, *args) -> None:
         statuses[:] = [status]
 
+    authentication, claim_view = WorkerSignatureAuthentication(), ClaimView()
+
+    def core(requests: list[tuple[str, bytes, dict[str, str]]]) -> None:
+        for path, raw, headers in requests:
+            request = WSGIRequest(environ(path, raw, headers))
+            principal, _ = authentication._authenticate(request, claim_view)
+            data = strictjson.loads(request.body, max_depth=claim_view.max_json_depth)
+            if session_owner(data["sessionId"]) != str(principal.worker_id):
+                raise SystemExit(f"{path}: the session's owner is not the signing worker")
+            lease_claim(
+                worker_id=principal.worker_id,
+                session_id=uuid.UUID(data["sessionId"]),
+                generation=data["generation"],
+                offers=[OfferRequest(uuid.UUID(o["offerId"]), o["leaseToken"]) for o in data["offers"]],
+            )
+
     def send(requests: list[tuple[str, bytes, dict[str, str]]]) -> None:
         for path, raw, headers in requests:
             result = handler(environ(path, raw, headers), start_response)
             body = b"".join(result)
             result.close()  # request_finished, as a WSGI server does
-            if not statuses[0].startswith("200"):
+            if not statuses[0].startswith("404" if path == FLOOR_PATH else "200"):
                 raise SystemExit(f"{path}: {statuses[0]} {body[:300]!r}")
 
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}", file=sys.stderr)
     summary = []
-    for kind in ("heartbeat", "claim"):
-        send(bodies(kind, 50))
+    for kind in ("heartbeat", "claim", "floor", "core"):
+        call = core if kind == "core" else send
+        call(bodies(kind, 50))
         rounds = []
         for _ in range(3):  # the machine is shared: the least disturbed of three rounds
             timed = bodies(kind, args.requests)
             started = time.process_time()
-            send(timed)
+            call(timed)
             rounds.append((time.process_time() - started) / args.requests * 1000)
         cpu_ms = min(rounds)
         profiled = bodies(kind, args.requests)
         profile = cProfile.Profile(time.process_time)  # CPU, not wall: waits on the servers are not ours
         profile.enable()
-        send(profiled)
+        call(profiled)
         profile.disable()
         out = io.StringIO()
         stats = pstats.Stats(profile, stream=out)
