@@ -7,6 +7,12 @@ exactly as the agent does with ``agent.client``) loops: claim one offer → star
 ACK → complete ``succeeded`` — four signed calls, the whole life of an attempt. A loop completes a
 run, so the backlog is sized to outlast the measurement. Imported by bench/claim.py once
 ``django.setup()`` has run (it loads the backlog through ``claim_measure``).
+
+Where the cores went (bench/cpu.py, read from ``/proc`` when the loops start and when they end):
+the server's process tree (``manage.py serve``, its Granian workers: Python), the PostgreSQL
+backends of the bench database plus the backends that ended meanwhile, this process (the 16
+clients: JSON, signing, HTTP — in production they run on the workers' machines) and the whole
+machine. Redis and the rest of the machine are what is left of the busy share.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 import claim_measure  # bench/claim_measure.py
+import cpu  # bench/cpu.py: who spent the CPU, from /proc
 import heartbeat as hb  # bench/heartbeat.py: the server and the enrolled workers
 import heartbeat_tokens
 
@@ -29,12 +36,33 @@ from protocol.ids import uuid7
 
 
 @dataclass(frozen=True)
+class CpuSplit:
+    """CPU seconds each party spent while the loops ran, and the machine's (busy, total) seconds
+    over all its cores."""
+
+    server: float
+    database: float
+    clients: float
+    machine_busy: float
+    machine_total: float
+
+    def per_loop_ms(self, loops: int) -> dict[str, float]:
+        """Milliseconds of CPU per completed loop: server, database, clients, and ``other`` (the
+        rest of the machine's busy time: Redis, the kernel's share not charged to a process,
+        other tenants)."""
+        other = self.machine_busy - self.server - self.database - self.clients
+        parts = {"server": self.server, "database": self.database, "clients": self.clients, "other": other}
+        return {name: 1000 * seconds / loops for name, seconds in parts.items()}
+
+
+@dataclass(frozen=True)
 class HttpFigures:
     loops: int
     empty: int
     wall_seconds: float
     p50_ms: float
     p99_ms: float
+    cpu: CpuSplit
 
     @property
     def per_second(self) -> float:
@@ -124,20 +152,47 @@ def measure(pg_url: str, *, clients: int, seconds: float, backlog: int) -> HttpF
         threads = [threading.Thread(target=run, args=(w,)) for w in workers]
         for thread in threads:
             thread.start()
+        postmaster = cpu.postmaster_pid()
+
+        def reading() -> dict:
+            return {
+                "server": cpu.cpu_by_pid(cpu.descendants(server.pid)),
+                "backends": cpu.cpu_by_pid(cpu.backend_pids()),
+                "ended_backends": cpu.reaped_cpu(postmaster),
+                "clients": time.process_time(),
+                "machine": cpu.machine_busy(),
+            }
+
         deadline.append(time.perf_counter() + seconds)
         began = time.perf_counter()
+        before = reading()
         start.wait()
         for thread in threads:
             thread.join()
         wall = time.perf_counter() - began
+        after = reading()
         if errors:
             raise SystemExit(f"{len(errors)} HTTP loops failed, first: {errors[0]}")
         latencies = sorted(x for lat, _ in done for x in lat)
         if not latencies:
             raise SystemExit("no HTTP claim loop succeeded")
         p99 = latencies[min(len(latencies) - 1, int(round(0.99 * (len(latencies) - 1))))]
+        split = CpuSplit(
+            server=cpu.spent(before["server"], after["server"]),
+            database=cpu.spent(before["backends"], after["backends"])
+            + after["ended_backends"]
+            - before["ended_backends"],
+            clients=after["clients"] - before["clients"],
+            machine_busy=after["machine"][0] - before["machine"][0],
+            machine_total=after["machine"][1] - before["machine"][1],
+        )
         return HttpFigures(
-            len(latencies), sum(e for _, e in done), wall, statistics.median(latencies) * 1000, p99 * 1000
+            len(latencies),
+            sum(e for _, e in done),
+            wall,
+            statistics.median(latencies) * 1000,
+            p99 * 1000,
+            split,
         )
     finally:
         server.terminate()

@@ -21,7 +21,7 @@ signing, JSON) is measured apart from the claimers' — in production the agents
   honoured (the same chunk again after its Retry-After).
 
 The windows are those of the in-process part (``logs_measure.window_on``: off, on, on, off …).
-At each window boundary the parent reads from ``/proc`` the CPU of the server's process tree
+At each window boundary the parent reads from ``/proc`` (bench/cpu.py) the CPU of the server's process tree
 (``manage.py serve`` and its Granian worker: Python), of PostgreSQL, of each client process, and
 of the whole machine. Under ASGI every request opens its own database connection
 (docs/deploy.md), so most backends live for one request: PostgreSQL's CPU is that of the
@@ -43,10 +43,11 @@ import threading
 import time
 
 import claim_measure  # bench/claim_measure.py
+import cpu  # bench/cpu.py: who spent the CPU, from /proc
 import heartbeat as hb  # bench/heartbeat.py: the server and the enrolled workers
 import heartbeat_tokens
-import logs_measure  # bench/logs_measure.py: the chunks, the windows, machine_busy
-from django.db import DatabaseError, connection, connections
+import logs_measure  # bench/logs_measure.py: the chunks and the windows
+from django.db import connections
 from http_claims import _loop as claim_loop  # bench/http_claims.py
 from http_claims import start_attempt as start_running
 
@@ -55,81 +56,6 @@ from protocol import wire
 
 #: Seconds between the children's start and the first window (connections warm up meanwhile).
 LEAD_SECONDS = 2.0
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system, all threads) of process ``pid`` so far; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def _descendants(root: int) -> list[int]:
-    """``root`` and every process below it (from the parent pids in ``/proc/*/stat``)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def _backend_pids() -> list[int]:
-    """The PostgreSQL backends connected to this database, this connection's own excepted."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        return [row[0] for row in cursor.fetchall()]
-
-
-def _postmaster_pid() -> int | None:
-    """The PostgreSQL server's main process (``postmaster.pid`` in its data directory), when this
-    session may read the setting and the file; else None."""
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW data_directory")
-            directory = cursor.fetchone()[0]
-        with open(os.path.join(directory, "postmaster.pid")) as pid_file:
-            return int(pid_file.readline())
-    except (OSError, ValueError, DatabaseError):  # not a superuser, another host, another layout
-        return None
-
-
-def _reaped_cpu(pid: int | None) -> float:
-    """CPU seconds of the ended children ``pid`` has waited for (cutime + cstime): for the
-    postmaster, every backend that ended so far, of any database."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[13]) + int(fields[14])) / _TICKS
-
-
-def _cpu_by_pid(pids: list[int]) -> dict[int, float]:
-    return {pid: cpu for pid in pids if (cpu := _proc_cpu(pid)) is not None}
-
-
-def _spent(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU seconds between two readings (a process first seen in ``after`` counts from 0)."""
-    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def start_attempt(worker: hb.BenchWorker) -> dict:
@@ -298,18 +224,18 @@ def measure(
         ]
         for child in children:
             child.start()
-        postmaster = _postmaster_pid()
+        postmaster = cpu.postmaster_pid()
         readings = []
         for index in range(windows + 1):  # every party's CPU at each window boundary
             time.sleep(max(0.0, begin + index * window - time.monotonic()))
             readings.append(
                 {
-                    "machine": logs_measure.machine_busy(),
-                    "server": _cpu_by_pid(_descendants(server.pid)),
-                    "backends": _cpu_by_pid(_backend_pids()),
-                    "ended_backends": _reaped_cpu(postmaster),
-                    "claimers": _proc_cpu(children[0].pid) or 0.0,
-                    "loggers": _proc_cpu(children[1].pid) or 0.0,
+                    "machine": cpu.machine_busy(),
+                    "server": cpu.cpu_by_pid(cpu.descendants(server.pid)),
+                    "backends": cpu.cpu_by_pid(cpu.backend_pids()),
+                    "ended_backends": cpu.reaped_cpu(postmaster),
+                    "claimers": cpu.process_cpu(children[0].pid) or 0.0,
+                    "loggers": cpu.process_cpu(children[1].pid) or 0.0,
                 }
             )
         got = {
@@ -345,7 +271,7 @@ def summary(claimed: dict, logged: dict, readings: list[dict], windows: int, win
         spent = []
         for index in range(windows):
             before, after = readings[index][key], readings[index + 1][key]
-            spent.append(_spent(before, after) if isinstance(before, dict) else after - before)
+            spent.append(cpu.spent(before, after) if isinstance(before, dict) else after - before)
         return spent
 
     python = per_window("server")

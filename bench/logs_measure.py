@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 import claim_measure  # bench/claim_measure.py
+from cpu import machine_busy  # bench/cpu.py
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -87,15 +88,6 @@ def backend_cpu() -> Callable[[], float | None]:
         return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
 
     return read
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far (``/proc/stat``, all cores)."""
-    with open("/proc/stat") as stat:
-        values = [int(v) for v in stat.readline().split()[1:]]
-    ticks = os.sysconf("SC_CLK_TCK")
-    idle = values[3] + values[4]  # idle, iowait
-    return (sum(values) - idle) / ticks, sum(values) / ticks
 
 
 def profile_append(lease: dict, appends: int = 200) -> dict:
