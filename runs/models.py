@@ -188,7 +188,9 @@ class Run(models.Model):
 class RunAttempt(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     #: PROTECT here and on ``worker``: deleting a run or a worker never strands or erases an attempt.
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="attempts")
+    #: No index of its own: ``attempt_number_unique`` (run, number) serves every lookup by run, and
+    #: a second index would only be written again on each of an attempt's (non-HOT) state changes.
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="attempts", db_index=False)
     number = models.PositiveSmallIntegerField(editable=False)
     state = models.CharField(
         max_length=16, choices=AttemptState.choices, default=AttemptState.CLAIMED, editable=False

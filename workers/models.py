@@ -143,8 +143,9 @@ LIVE_SESSION_STATES = (SessionState.ONLINE, SessionState.DRAINING)
 class WorkerSession(models.Model):
     id = models.UUIDField(primary_key=True, editable=False, help_text="worker-generated UUIDv7")
     #: PROTECT: a session row outlives any wish to delete its worker (its leases and attempts
-    #: point at it); a worker is revoked, never deleted once it has registered.
-    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="sessions")
+    #: point at it); a worker is revoked, never deleted once it has registered. No index of its
+    #: own: ``session_generation_unique`` (worker, generation) serves every lookup by worker.
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="sessions", db_index=False)
     generation = models.PositiveBigIntegerField(editable=False)
     version = models.PositiveBigIntegerField(editable=False)
     state = models.CharField(max_length=16, choices=SessionState.choices, editable=False)
