@@ -1,5 +1,6 @@
 """Times in the operator's timezone: the console's page script stores the browser's IANA zone in
-the ``ql_tz`` cookie; this middleware activates it for the request (UTC when absent or unknown)."""
+the ``ql_tz`` cookie; this middleware activates it for the request (UTC when absent or unknown).
+The worker API is never an operator's: its answers are in UTC whatever cookie a request carries."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from urllib.parse import unquote
 from zoneinfo import ZoneInfo
 
 from django.utils import timezone
+
+from protocol.wire import API_PREFIX
 
 COOKIE = "ql_tz"
 
@@ -18,6 +21,9 @@ class OperatorTimezoneMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        if request.path_info.startswith(API_PREFIX):
+            timezone.deactivate()
+            return self.get_response(request)
         zone = _zone(unquote(request.COOKIES.get(COOKIE, "")))
         if zone is None:
             timezone.deactivate()
