@@ -122,11 +122,16 @@ class WorkerSignatureAuthentication(BaseAuthentication):
     """
 
     def authenticate(self, request) -> tuple[WorkerPrincipal, SignedRequest]:
-        raw = request._request
+        return self.authenticate_raw(request._request, request.parser_context.get("view"))
+
+    def authenticate_raw(self, raw, view=None) -> tuple[WorkerPrincipal, SignedRequest]:
+        """:meth:`authenticate` on Django's request ``raw`` for ``view`` (its rate bucket): the
+        worker endpoints that skip DRF's dispatch (``api.hot``) authenticate here. Raises what
+        :meth:`authenticate` raises."""
         # Only failures count, and only a failing request is answered 429: a correctly signed
         # request always passes, so a forger sharing a worker's address cannot lock it out.
         try:
-            return self._authenticate(raw, request.parser_context.get("view"))
+            return self._authenticate(raw, view)
         except (ProtocolError, DomainError) as exc:
             log.warning(
                 "worker request refused: %s (%s %s from %s)",

@@ -197,6 +197,13 @@ class WorkerAPIView(APIView):
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
+        self.admit(request, kwargs)
+
+    def admit(self, request, kwargs: dict) -> None:
+        """What a worker request passes once authenticated, before its handler: the per-worker
+        rate limit (429) and the principal binding (403), which parses the body (400, 415).
+        ``request``: DRF's request, or ``api.hot``'s (``_request``, ``user``, ``data``);
+        ``kwargs``: the URL's keyword arguments."""
         principal = self.principal
         usage = getattr(request._request, "worker_usage", None)  # counted with the nonce (api.auth)
         if usage is not None:

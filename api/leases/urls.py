@@ -1,5 +1,6 @@
 from django.urls import path
 
+from api.hot import hot_endpoint
 from protocol import wire
 
 from . import views, waiting
@@ -10,12 +11,12 @@ def _route(full_path: str) -> str:
 
 
 urlpatterns = [
-    path(_route(wire.CLAIM), views.ClaimView.as_view(), name="worker-claim"),
+    path(_route(wire.CLAIM), hot_endpoint(views.ClaimView), name="worker-claim"),
     path(_route(wire.CLAIM_WAIT), waiting.claim_wait, name="worker-claim-wait"),
-    path(_route(wire.LEASE_STARTING), views.StartingView.as_view(), name="worker-lease-starting"),
-    path(_route(wire.LEASE_RUNNING), views.RunningView.as_view(), name="worker-lease-running"),
+    path(_route(wire.LEASE_STARTING), hot_endpoint(views.StartingView), name="worker-lease-starting"),
+    path(_route(wire.LEASE_RUNNING), hot_endpoint(views.RunningView), name="worker-lease-running"),
     path(_route(wire.LEASE_START_FAILED), views.StartFailedView.as_view(), name="worker-lease-start-failed"),
-    path(_route(wire.LEASE_RENEW), views.RenewView.as_view(), name="worker-lease-renew"),
+    path(_route(wire.LEASE_RENEW), hot_endpoint(views.RenewView), name="worker-lease-renew"),
     path(_route(wire.LEASE_RELEASE), views.ReleaseView.as_view(), name="worker-lease-release"),
-    path(_route(wire.LEASE_COMPLETE), views.CompleteView.as_view(), name="worker-lease-complete"),
+    path(_route(wire.LEASE_COMPLETE), hot_endpoint(views.CompleteView), name="worker-lease-complete"),
 ]

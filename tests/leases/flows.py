@@ -45,6 +45,15 @@ class Held:
         }
         return {**base, **changes}
 
+    def wire_fence(self) -> dict[str, Any]:
+        """Both fences as a lease call's body spells them (``sessionId`` … ``leaseToken``)."""
+        return {
+            **self.session.fence(),
+            "attemptId": str(self.attempt_id),
+            "leaseGeneration": self.lease_generation,
+            "leaseToken": self.ticket.token,
+        }
+
     def lease(self) -> RunDispatchLease:
         return RunDispatchLease.objects.get(
             attempt_id=self.attempt_id, lease_generation=self.lease_generation

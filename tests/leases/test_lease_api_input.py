@@ -20,12 +20,7 @@ def api(client):
     session = register(worker)
     enqueue(make_revision()), enqueue(make_revision())
     held = start(claim_one(session))
-    lease = {
-        **session.fence(),
-        "attemptId": str(held.attempt_id),
-        "leaseGeneration": 1,
-        "leaseToken": held.ticket.token,
-    }
+    lease = held.wire_fence()
     return SignedClient(client, worker), session, held, lease
 
 
