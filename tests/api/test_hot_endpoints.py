@@ -99,7 +99,8 @@ def test_refusals_are_the_same_bytes_as_drf_gives_and_write_nothing(world, dispa
         hot = api.post(path, body)
         assert dispatched == [], (path, body)
         drf = api.post(path, body, headers=THROUGH_DRF)
-        assert dispatched == [dispatched[0]] and dispatched.pop()
+        assert len(dispatched) == 1, (path, body)  # this one went through DRF
+        dispatched.clear()
         assert 400 <= hot.status_code < 500, (path, body, hot.content)
         assert _answer(hot) == _answer(drf), (path, body)
         assert snapshot_rows() == before, (path, body)
