@@ -35,6 +35,7 @@ _DRF_CODES: list[tuple[type[drf.APIException], str]] = [
     (drf.NotFound, "not_found"),
     (drf.MethodNotAllowed, "method_not_allowed"),
     (drf.UnsupportedMediaType, "unsupported_media_type"),
+    (drf.NotAcceptable, "not_acceptable"),
     (drf.ParseError, "json_malformed"),
     (drf.Throttled, "rate_limited"),
 ]
@@ -76,6 +77,9 @@ def _response(
         response["Retry-After"] = str(retry_after)
     return response
 
+
+#: The request header a DRF refusal is about, where it names one.
+_DRF_FIELDS = {"not_acceptable": "Accept"}
 
 #: Codes whose cause is logged once per outage by ``core.dependencies``, not once per request.
 _DEPENDENCY_CODES = ("database_unavailable", "statement_timeout", "cache_unavailable")
@@ -124,7 +128,8 @@ def _handle(exc: Exception) -> Response | None:
         for exc_type, code in _DRF_CODES:
             if isinstance(exc, exc_type):
                 retry = getattr(exc, "wait", None)
-                return _response(code, str(exc.detail), None, retry_after=int(retry) + 1 if retry else None)
+                retry_after = int(retry) + 1 if retry else None
+                return _response(code, str(exc.detail), _DRF_FIELDS.get(code), retry_after=retry_after)
         return Response(
             {"code": "validation_failed", "message": str(exc.detail), "field": None}, status=exc.status_code
         )

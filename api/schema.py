@@ -43,6 +43,7 @@ class ErrorSerializer(serializers.Serializer):
 _COMMON = {
     "400": "malformed input: JSON, a field (named in `field`) or Content-Length",
     "413": "the body exceeds this endpoint's limit (checked before parsing)",
+    "406": "the Accept header admits no application/json answer (`field` names it)",
     "415": "the body is not application/json",
     "503": "storage busy or a lock timed out; retry (see Retry-After)",
 }

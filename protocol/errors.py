@@ -93,6 +93,11 @@ CATALOGUE: dict[str, ErrorSpec] = {
         WorkerAction.RETRY,
     ),
     "unsupported_media_type": ErrorSpec(415, "The body is not application/json.", WorkerAction.FIX_REQUEST),
+    "not_acceptable": ErrorSpec(
+        406,
+        "The Accept header admits no answer this API gives: answers are application/json.",
+        WorkerAction.FIX_REQUEST,
+    ),
     "method_not_allowed": ErrorSpec(
         405, "The endpoint does not accept this HTTP method.", WorkerAction.FIX_REQUEST
     ),
