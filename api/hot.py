@@ -35,8 +35,7 @@ from rest_framework.response import Response
 from api.auth import WorkerSignatureAuthentication
 from api.base import IsWorker, WorkerAPIView
 from api.exceptions import exception_handler
-from api.parsers import StrictJSONParser
-from protocol import strictjson
+from api.parsers import StrictJSONParser, parse_body
 
 #: The ``Accept`` values DRF's negotiation answers with ``application/json`` as it is.
 _PLAIN_ACCEPT = frozenset({None, "*/*", "application/json"})
@@ -67,9 +66,8 @@ _SKIPPED = (
 class HotRequest:
     """What a worker view reads of DRF's request: Django's request (``_request``; any other
     attribute is read from it, as DRF's request does), the authenticated principal (``user``,
-    ``auth``: the signed request) and the body (``data``, parsed on first use as
-    ``api.parsers.StrictJSONParser`` parses it: an empty body is ``{}``, a refused one raises
-    ProtocolError, 400)."""
+    ``auth``: the signed request) and the body (``data``, parsed on first use by
+    ``api.parsers.parse_body``, as DRF's parser parses it)."""
 
     def __init__(self, raw: HttpRequest, max_depth: int) -> None:
         self._request = raw
@@ -81,8 +79,7 @@ class HotRequest:
     @property
     def data(self) -> Any:
         if self._data is _UNPARSED:
-            body = self._request.body
-            self._data = strictjson.loads(body, max_depth=self._max_depth) if body else {}
+            self._data = parse_body(self._request.body, max_depth=self._max_depth)
         return self._data
 
     @property

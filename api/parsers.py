@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework.parsers import BaseParser
 
 from protocol import strictjson
@@ -20,7 +22,12 @@ class StrictJSONParser(BaseParser):
     def parse(self, stream, media_type=None, parser_context=None):
         view = (parser_context or {}).get("view")
         depth = getattr(view, "max_json_depth", strictjson.DEFAULT_MAX_DEPTH)
-        data = stream.read() if stream is not None else b""
-        if not data:
-            return {}
-        return strictjson.loads(data, max_depth=depth)
+        return parse_body(stream.read() if stream is not None else b"", max_depth=depth)
+
+
+def parse_body(body: bytes, *, max_depth: int) -> Any:
+    """A request body as the worker API reads it: ``{}`` when empty, else strict JSON nested at
+    most ``max_depth`` deep. Raises ``protocol.errors.ProtocolError`` (400, naming the field)."""
+    if not body:
+        return {}
+    return strictjson.loads(body, max_depth=max_depth)
