@@ -122,11 +122,12 @@ def main() -> int:
             flush=True,
         )
         per_loop = http.cpu.per_loop_ms(http.loops)
+        loop_cpu_ms = sum(per_loop.values())
         busy = http.cpu.machine_busy / http.cpu.machine_total if http.cpu.machine_total else 0.0
         print(
             "  CPU per loop: "
             + ", ".join(f"{name} {ms:.2f} ms" for name, ms in per_loop.items())
-            + f" = {sum(per_loop.values()):.2f} ms; machine busy {100 * busy:.0f} %"
+            + f" = {loop_cpu_ms:.2f} ms; machine busy {100 * busy:.0f} %"
             + f" of {os.cpu_count()} cores",
             flush=True,
         )
@@ -136,10 +137,10 @@ def main() -> int:
     if http is not None:
         # The machine's CPU a loop may cost for 0.06x of pgbench, all parties together.
         budget = 1000 * (os.cpu_count() or 1) / (HTTP_TARGET * tps)
-        spent = sum(http.cpu.per_loop_ms(http.loops).values())
         print(
             f"  at {HTTP_TARGET}x of {tps:.0f} tps ({HTTP_TARGET * tps:.0f} loops/s) a loop may cost "
-            f"{budget:.2f} ms of CPU on {os.cpu_count()} cores, all parties together; it cost {spent:.2f} ms"
+            f"{budget:.2f} ms of CPU on {os.cpu_count()} cores, all parties together; "
+            f"it cost {loop_cpu_ms:.2f} ms"
         )
     big, small = figures[(BACKLOGS[1], 16)], figures[(BACKLOGS[0], 16)]
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
