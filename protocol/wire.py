@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import overload
+
 API_PREFIX = "/api/v1/worker/"
 
 ENROLL = API_PREFIX + "enroll"
@@ -59,3 +62,23 @@ EXIT_SHUTDOWN_FAILED = 5
 #: Exit status when registration is refused with `agent_version_unsupported`: the control plane's
 #: version policy refuses this agent; upgrade it, do not restart it in a loop.
 EXIT_AGENT_OUTDATED = 6
+
+
+@overload
+def timestamp(at: datetime) -> str: ...
+
+
+@overload
+def timestamp(at: None) -> None: ...
+
+
+def timestamp(at: datetime | None) -> str | None:
+    """``at`` as the worker API writes every time: RFC 3339 in UTC, ``Z`` for the offset,
+    microseconds only when there are some (``2026-12-01T12:00:00.123456Z``); None stays None.
+
+    A naive ``at`` is taken as UTC. The same text DRF's ``DateTimeField`` writes with UTC active,
+    which the API's output serializers still describe (``tests/api/test_answers.py``)."""
+    if at is None:
+        return None
+    text = (at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)).isoformat()
+    return text[:-6] + "Z"

@@ -5,11 +5,14 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from actions.leases.activation import START_FAILURES
-from actions.leases.completion import OUTCOMES
+from actions.leases.completion import OUTCOMES, CompletionResult
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
 from api.workers.serializers import FenceSerializer, SessionOutSerializer
+from leases.fence import AckResult
+from leases.models import RunDispatchLease
 from leases.offers import Offer
 from leases.tokens import TOKEN
+from protocol import messages, wire
 from protocol.wire import (
     MAX_CLAIM_WAIT_SECONDS,
     MAX_OFFERS_PER_CLAIM,
@@ -126,22 +129,55 @@ class CompleteOutSerializer(serializers.Serializer):
     outcome = serializers.CharField()
 
 
-def lease_out(lease, renew_interval_seconds: int) -> dict:
+# --- answers ---------------------------------------------------------------------------------
+# Built as the wire has them (ids as text, times ``protocol.wire.timestamp``): what the output
+# serializers above, which document them, would write with UTC active, for a fraction of their
+# CPU on the calls every attempt makes (docs/performance.md, "Signed HTTP";
+# tests/api/test_answers.py keeps the two equal).
+
+
+def lease_out(lease: RunDispatchLease, renew_interval_seconds: int) -> messages.Lease:
+    """A run lease as ``LeaseOutSerializer`` documents it."""
     return {
-        "attemptId": lease.attempt_id,
-        "offerId": lease.offer_id,
+        "attemptId": str(lease.attempt_id),
+        "offerId": str(lease.offer_id),
         "leaseGeneration": lease.lease_generation,
         "leaseVersion": lease.version,
-        "expiresAt": lease.expires_at,
+        "expiresAt": wire.timestamp(lease.expires_at),
         "renewIntervalSeconds": renew_interval_seconds,
     }
 
 
-def offer_out(offer: Offer) -> dict:
+def offer_out(offer: Offer) -> messages.Offer:
+    """One claimed or replayed offer, as ``OfferOutSerializer`` documents it."""
     return {
         "status": offer.status,
         "lease": lease_out(offer.lease, offer.renew_interval_seconds),
-        "execution": offer.execution,
+        "execution": offer.execution,  # type: ignore[typeddict-item]  # the spec, a JSON object
+    }
+
+
+def claim_out(offers: list[Offer], poll_after_seconds: float) -> messages.ClaimAnswer:
+    """The claim's answer, as ``ClaimOutSerializer`` documents it."""
+    return {"offers": [offer_out(offer) for offer in offers], "pollAfterSeconds": float(poll_after_seconds)}
+
+
+def ack_out(result: AckResult) -> messages.AckAnswer:
+    """The answer to starting, running, start-failed, renew and release (``AckOutSerializer``)."""
+    return {
+        "status": result.status,
+        "lease": lease_out(result.lease, result.renew_interval_seconds),
+        "cancelRequested": result.cancel_requested,
+    }
+
+
+def complete_out(result: CompletionResult) -> messages.CompleteAnswer:
+    """The completion's answer (``CompleteOutSerializer``)."""
+    return {
+        "attemptId": str(result.attempt_id),
+        "leaseGeneration": result.lease_generation,
+        "sequence": result.sequence,
+        "outcome": result.outcome,
     }
 
 

@@ -9,23 +9,11 @@ from actions.leases.activation import lease_running, lease_start_failed, lease_s
 from actions.leases.claims import OfferRequest, lease_claim
 from actions.leases.completion import Completion, lease_complete
 from actions.leases.renewal import lease_release, lease_renew
-from api.base import WorkerAPIView, represented, validated
+from api.base import WorkerAPIView, validated
 from core.conf import protocol
-from leases.fence import AckResult
 from protocol import wire
 
 from . import serializers as s
-
-
-def _ack_out(result: AckResult) -> dict:
-    return represented(
-        s.AckOutSerializer,
-        {
-            "status": result.status,
-            "lease": s.lease_out(result.lease, result.renew_interval_seconds),
-            "cancelRequested": result.cancel_requested,
-        },
-    )
 
 
 class ClaimView(WorkerAPIView):
@@ -40,8 +28,7 @@ class ClaimView(WorkerAPIView):
             **self.session_fence(data),
             offers=[OfferRequest(o["offerId"], o["leaseToken"]) for o in data["offers"]],
         )
-        out = {"offers": [s.offer_out(o) for o in offers], "pollAfterSeconds": protocol().claim_poll_seconds}
-        return Response(represented(s.ClaimOutSerializer, out))
+        return Response(s.claim_out(offers, protocol().claim_poll_seconds))
 
 
 class StartingView(WorkerAPIView):
@@ -53,7 +40,7 @@ class StartingView(WorkerAPIView):
         result = lease_starting(
             **self.lease_fence(data), offer_id=data["offerId"], lease_version=data["leaseVersion"]
         )
-        return Response(_ack_out(result))
+        return Response(s.ack_out(result))
 
 
 class RunningView(WorkerAPIView):
@@ -70,7 +57,7 @@ class RunningView(WorkerAPIView):
             pgid=data.get("pgid"),
             executor_handle=data["executorHandle"],
         )
-        return Response(_ack_out(result))
+        return Response(s.ack_out(result))
 
 
 class StartFailedView(WorkerAPIView):
@@ -85,7 +72,7 @@ class StartFailedView(WorkerAPIView):
             lease_version=data["leaseVersion"],
             reason=data["reason"],
         )
-        return Response(_ack_out(result))
+        return Response(s.ack_out(result))
 
 
 class RenewView(WorkerAPIView):
@@ -95,7 +82,7 @@ class RenewView(WorkerAPIView):
     def post(self, request):
         data = validated(s.VersionedLeaseSerializer, request)
         result = lease_renew(**self.lease_fence(data), lease_version=data["leaseVersion"])
-        return Response(_ack_out(result))
+        return Response(s.ack_out(result))
 
 
 class ReleaseView(WorkerAPIView):
@@ -105,7 +92,7 @@ class ReleaseView(WorkerAPIView):
     def post(self, request):
         data = validated(s.VersionedLeaseSerializer, request)
         result = lease_release(**self.lease_fence(data), lease_version=data["leaseVersion"])
-        return Response(_ack_out(result))
+        return Response(s.ack_out(result))
 
 
 class CompleteView(WorkerAPIView):
@@ -126,10 +113,4 @@ class CompleteView(WorkerAPIView):
                 stderr_tail=data["stderrTail"],
             ),
         )
-        out = {
-            "attemptId": result.attempt_id,
-            "leaseGeneration": result.lease_generation,
-            "sequence": result.sequence,
-            "outcome": result.outcome,
-        }
-        return Response(represented(s.CompleteOutSerializer, out))
+        return Response(s.complete_out(result))

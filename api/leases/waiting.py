@@ -50,6 +50,7 @@ from core.metrics import WAITING_CLAIMS
 from leases.offers import Offer
 from leases.selectors import cancel_requested_attempt_ids
 from placement.selectors import claimable_placement_classes
+from protocol import messages
 from workers.models import SessionState
 from workers.principals import WorkerPrincipal
 from workers.sessions import SessionView
@@ -171,14 +172,13 @@ def _json(data: Any, status: int) -> HttpResponse:
 
 
 def _answer(result: _Round, session: SessionView, bound: float, ended: str) -> HttpResponse:
-    out = {
+    data: messages.ClaimWaitAnswer = {  # as ClaimWaitOutSerializer documents it (api.leases.serializers)
         "offers": [s.offer_out(offer) for offer in result.offers],
         "cancelRequested": result.cancels,
-        "waitSeconds": bound,
+        "waitSeconds": float(bound),
         "ended": ended,
         "session": session_out(session),
     }
-    data = s.ClaimWaitOutSerializer(out).data
     response = _json(data, 200)
     response.data = data  # type: ignore[attr-defined]  # read by the access log's outcome label
     return response
