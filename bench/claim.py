@@ -20,10 +20,15 @@ What it measures (docs/protocol.md, Benchmarks: a 100k backlog must cost a claim
   an index scan of the partial index ``attempt_dispatch_queue`` touching a constant number of
   buffers, whatever N is;
 * ``pgbench``'s built-in TPC-B-like script on the same server in the same run (scale 10, 16
-  clients), in its own database ``<bench database>_pgbench``, created and dropped here.
+  clients), in its own database ``<bench database>_pgbench``, created and dropped here: run
+  before the in-process claims, after them and after the HTTP loops (``--pgbench-seconds`` each).
+  Each ratio divides by the mean of the two runs around its figure (``pgdb.PgBench``): on this
+  shared machine pgbench's rate drifts by a tenth or more within a minute, so a single run at the
+  end divided the first figures by another window's machine.
 
 The benchmark database is wiped (every QingLong table truncated) before each backlog: point it at
-a database that holds nothing you want. The last line is machine-readable.
+a database that holds nothing you want. The last line is machine-readable; its ``pgbench_tps`` is
+the mean of the three runs.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from urllib.parse import urlsplit
 
 import django
 from django.core.management import call_command
-from pgdb import dbname, ensure_database, pgbench_tps  # bench/pgdb.py
+from pgdb import PgBench, dbname, ensure_database  # bench/pgdb.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -69,7 +74,9 @@ def main() -> int:
         "--pg-url", required=True, help="benchmark database (wiped), e.g. postgres://…/qinglong_bench"
     )
     parser.add_argument("--seconds", type=float, default=5.0, help="measurement per (backlog, concurrency)")
-    parser.add_argument("--pgbench-seconds", type=int, default=10)
+    parser.add_argument(
+        "--pgbench-seconds", type=int, default=6, help="each of the pgbench runs around the figures"
+    )
     parser.add_argument(
         "--http-backlog", type=int, default=20_000, help="runs for the HTTP loops (each completes one)"
     )
@@ -90,72 +97,90 @@ def main() -> int:
         f"claim benchmark on {urlsplit(args.pg_url).hostname}/{dbname(args.pg_url)}: "
         f"{args.seconds:g}s per point, claim (timed) → release (untimed) per loop, {os.cpu_count()} CPUs"
     )
-    figures: dict[tuple[int, int], claim_measure.Figures] = {}
-    for backlog in BACKLOGS:
-        print(f"backlog {backlog:,} pending runs", flush=True)
-        claimers = claim_measure.reset_and_load(backlog, max(CONCURRENCY))
-        scan, execution_ms, buffers = claim_measure.queue_plan()
-        print(f"  queue page plan: {scan}")
-        print(f"  queue page: {execution_ms:.3f} ms, {buffers} shared buffers")
-        for concurrency in CONCURRENCY:
-            result = claim_measure.measure(claimers[:concurrency], args.seconds)
-            figures[(backlog, concurrency)] = result
-            print(
-                f"  c={concurrency:<2} claims/s {result.per_second:8.1f}   p50 {result.p50_ms:7.2f} ms   "
-                f"p99 {result.p99_ms:7.2f} ms   ({result.claims} claims, {result.empty} empty)",
-                flush=True,
-            )
-    clients = max(CONCURRENCY)
-    http = None
-    if not args.skip_http:
-        print(
-            f"signed HTTP, manage.py serve (cluster-control), {clients} workers: "
-            "claim → starting → running → complete"
-        )
-        http = http_claims.measure(
-            args.pg_url, clients=clients, seconds=args.seconds, backlog=args.http_backlog
-        )
-        print(
-            f"  c={clients} loops/s {http.per_second:8.1f}   p50 {http.p50_ms:7.2f} ms   "
-            f"p99 {http.p99_ms:7.2f} ms   "
-            f"({http.loops} loops, {http.empty} empty claims; 4 signed calls per loop)",
-            flush=True,
-        )
-        per_loop = http.cpu.per_loop_ms(http.loops)
-        loop_cpu_ms = sum(per_loop.values())
-        busy = http.cpu.machine_busy / http.cpu.machine_total if http.cpu.machine_total else 0.0
-        print(
-            "  CPU per loop: "
-            + ", ".join(f"{name} {ms:.2f} ms" for name, ms in per_loop.items())
-            + f" = {loop_cpu_ms:.2f} ms; machine busy {100 * busy:.0f} %"
-            + f" of {os.cpu_count()} cores",
-            flush=True,
-        )
+    with PgBench(args.pg_url) as pgbench:
+        clients = max(CONCURRENCY)
+        _pgbench(pgbench, args.pgbench_seconds, clients, "before the in-process claims")
+        figures: dict[tuple[int, int], claim_measure.Figures] = {}
+        for backlog in BACKLOGS:
+            print(f"backlog {backlog:,} pending runs", flush=True)
+            claimers = claim_measure.reset_and_load(backlog, clients)
+            scan, execution_ms, buffers = claim_measure.queue_plan()
+            print(f"  queue page plan: {scan}")
+            print(f"  queue page: {execution_ms:.3f} ms, {buffers} shared buffers")
+            for concurrency in CONCURRENCY:
+                result = claim_measure.measure(claimers[:concurrency], args.seconds)
+                figures[(backlog, concurrency)] = result
+                print(
+                    f"  c={concurrency:<2} claims/s {result.per_second:8.1f}   p50 {result.p50_ms:7.2f} ms   "
+                    f"p99 {result.p99_ms:7.2f} ms   ({result.claims} claims, {result.empty} empty)",
+                    flush=True,
+                )
+        _pgbench(pgbench, args.pgbench_seconds, clients, "after them")
+        in_process_tps = PgBench.bracket(*pgbench.runs[-2:])
+        http = None
+        if not args.skip_http:
+            http = _http_loops(http_claims, args, clients)
+            _pgbench(pgbench, args.pgbench_seconds, clients, "after the HTTP loops")
+        runs = pgbench.runs
+    http_tps = PgBench.bracket(*runs[-2:])
     http_per_second = http.per_second if http else float("nan")
-    tps = pgbench_tps(args.pg_url, args.pgbench_seconds, clients)
-    print(f"pgbench TPC-B-like, scale 10, {clients} clients, {args.pgbench_seconds}s: {tps:.1f} tps")
     if http is not None:
         # The machine's CPU a loop may cost for 0.06x of pgbench, all parties together.
-        budget = 1000 * (os.cpu_count() or 1) / (HTTP_TARGET * tps)
+        budget = 1000 * (os.cpu_count() or 1) / (HTTP_TARGET * http_tps)
         print(
-            f"  at {HTTP_TARGET}x of {tps:.0f} tps ({HTTP_TARGET * tps:.0f} loops/s) a loop may cost "
+            f"  at {HTTP_TARGET}x of {http_tps:.0f} tps ({HTTP_TARGET * http_tps:.0f} loops/s) "
+            "a loop may cost "
             f"{budget:.2f} ms of CPU on {os.cpu_count()} cores, all parties together; "
-            f"it cost {loop_cpu_ms:.2f} ms"
+            f"it cost {http.loop_cpu_ms:.2f} ms"
         )
-    big, small = figures[(BACKLOGS[1], 16)], figures[(BACKLOGS[0], 16)]
+    big, small = figures[(BACKLOGS[1], clients)], figures[(BACKLOGS[0], clients)]
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
-        f"ratios to pgbench: in-process c16 100k {big.per_second / tps:.3f}x (target 0.25x), "
-        f"1k {small.per_second / tps:.3f}x; 100k/1k {big.per_second / small.per_second:.2f} (target ≥ 0.90); "
-        f"HTTP loops {http_per_second / tps:.3f}x (target {HTTP_TARGET}x); load average {load}"
+        f"ratios to pgbench (each to the mean of the runs before and after it: in-process "
+        f"{in_process_tps:.0f} tps, HTTP {http_tps:.0f} tps): in-process c16 100k "
+        f"{big.per_second / in_process_tps:.3f}x (target 0.25x), "
+        f"1k {small.per_second / in_process_tps:.3f}x; "
+        f"100k/1k {big.per_second / small.per_second:.2f} (target ≥ 0.90); "
+        f"HTTP loops {http_per_second / http_tps:.3f}x (target {HTTP_TARGET}x); load average {load}"
     )
     print(
         f"claims_per_s_c16_{_label(BACKLOGS[1])}={big.per_second:.1f} "
         f"claims_per_s_c16_{_label(BACKLOGS[0])}={small.per_second:.1f} "
         f"claim_p99_ms_c16_{_label(BACKLOGS[1])}={big.p99_ms:.2f} "
-        f"http_claim_loops_per_s_c16={http_per_second:.1f} pgbench_tps={tps:.1f}"
+        f"http_claim_loops_per_s_c16={http_per_second:.1f} pgbench_tps={sum(runs) / len(runs):.1f}"
     )
     return 0
+
+
+def _pgbench(pgbench: PgBench, seconds: int, clients: int, when: str) -> float:
+    tps = pgbench.run(seconds, clients)
+    print(f"pgbench TPC-B-like, scale 10, {clients} clients, {seconds}s, {when}: {tps:.1f} tps", flush=True)
+    return tps
+
+
+def _http_loops(http_claims, args: argparse.Namespace, clients: int):
+    """The signed-HTTP loops and the CPU each party spent on one (``bench/http_claims.py``)."""
+    print(
+        f"signed HTTP, manage.py serve (cluster-control), {clients} workers: "
+        "claim → starting → running → complete"
+    )
+    http = http_claims.measure(args.pg_url, clients=clients, seconds=args.seconds, backlog=args.http_backlog)
+    print(
+        f"  c={clients} loops/s {http.per_second:8.1f}   p50 {http.p50_ms:7.2f} ms   "
+        f"p99 {http.p99_ms:7.2f} ms   "
+        f"({http.loops} loops, {http.empty} empty claims; 4 signed calls per loop)",
+        flush=True,
+    )
+    per_loop = http.cpu.per_loop_ms(http.loops)
+    busy = http.cpu.machine_busy / http.cpu.machine_total if http.cpu.machine_total else 0.0
+    print(
+        "  CPU per loop: "
+        + ", ".join(f"{name} {ms:.2f} ms" for name, ms in per_loop.items())
+        + f" = {http.loop_cpu_ms:.2f} ms; machine busy {100 * busy:.0f} %"
+        + f" of {os.cpu_count()} cores",
+        flush=True,
+    )
+    return http
 
 
 if __name__ == "__main__":

@@ -43,7 +43,10 @@ The last line is machine-readable::
     heartbeats_per_s=<n> pgbench_tps=<n> wal_bytes_per_unchanged_heartbeat=<n> wal_bytes_naive_update=<n>
 
 ``pgbench_tps`` is pgbench's TPC-B-like script (scale 10, 16 clients) on the same server in the
-same run (``bench/pgdb.py``), so that the heartbeat rate can be read as a ratio.
+same run (``bench/pgdb.py``), so that the heartbeat rate can be read as a ratio: the mean of a run
+before the server starts and one after the WAL measurement (``--pgbench-seconds`` each), which
+bracket the heartbeats (``pgdb.PgBench``; the WAL is measured before the second run's
+``CHECKPOINT``, as before).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ from django.core.management import call_command
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pgdb import ensure_database, pgbench_tps  # noqa: E402  (bench/pgdb.py)
+from pgdb import PgBench, ensure_database  # noqa: E402  (bench/pgdb.py)
 
 from agent.client import ApiError, Client, TransportError  # noqa: E402
 from core.conf import protocol  # noqa: E402  (settings are read when called, after configure_django)
@@ -368,7 +371,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8, help="workers sending heartbeats at once")
     parser.add_argument("--wal-heartbeats", type=int, default=400, help="heartbeats in the WAL measurement")
     parser.add_argument("--profile", choices=["standalone", "cluster-control"], default="cluster-control")
-    parser.add_argument("--pgbench-seconds", type=int, default=10, help="pgbench in the same run")
+    parser.add_argument(
+        "--pgbench-seconds", type=int, default=6, help="each of the two pgbench runs around the heartbeats"
+    )
     parser.add_argument(
         "--port", type=int, default=None, help="serve here (default: the first free of 8300-8399)"
     )
@@ -387,9 +392,20 @@ def main() -> int:
         "QINGLONG_LOG_LEVEL": "WARNING",
     }
     configure_django(env)
+    timings = protocol()
+    with PgBench(args.pg_url) as pgbench:
+        before = pgbench.run(args.pgbench_seconds, 16)
+        say(
+            f"pgbench TPC-B-like, scale 10, 16 clients, {args.pgbench_seconds}s, "
+            f"before the heartbeats: {before:.1f} tps"
+        )
+        return _measure(args, env, timings, pgbench)
+
+
+def _measure(args: argparse.Namespace, env: dict[str, str], timings, pgbench: PgBench) -> int:
+    """Serve, enroll, time the heartbeats and their WAL, run pgbench again; print the figures."""
     import heartbeat_tokens  # noqa: PLC0415  (it imports Django models: only after django.setup())
 
-    timings = protocol()
     port = args.port or free_port()
     server = start_server(env, port)
     try:
@@ -450,9 +466,14 @@ def main() -> int:
                 )
             except (ApiError, TransportError) as exc:  # pgbench ran meanwhile: idle connections closed
                 say(f"offline not answered: {exc}")
-        tps = pgbench_tps(args.pg_url, args.pgbench_seconds, 16)
+        after = pgbench.run(args.pgbench_seconds, 16)
+        tps = PgBench.bracket(pgbench.runs[0], after)
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-        say(f"pgbench TPC-B-like, scale 10, 16 clients, {args.pgbench_seconds}s, same run: {tps:.1f} tps")
+        say(
+            f"pgbench TPC-B-like, scale 10, 16 clients, {args.pgbench_seconds}s, "
+            f"after them: {after:.1f} tps; "
+            f"the ratios divide by the mean of the two, {tps:.1f} tps"
+        )
         say(
             f"ratios: heartbeats/s to pgbench {rate / tps:.3f}x (target 0.15x); WAL of an unchanged "
             f"heartbeat to a naive update {per_beat / per_naive:.3f} (target ≤ 0.3); load average {load}"

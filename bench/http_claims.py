@@ -68,6 +68,11 @@ class HttpFigures:
     def per_second(self) -> float:
         return self.loops / self.wall_seconds
 
+    @property
+    def loop_cpu_ms(self) -> float:
+        """The machine's CPU per loop, every party together (ms)."""
+        return sum(self.cpu.per_loop_ms(self.loops).values())
+
 
 def start_attempt(worker: hb.BenchWorker) -> dict | None:
     """Claim one offer over HTTP and send its starting and running ACKs: the lease fence of the

@@ -46,38 +46,65 @@ def checkpoint(url: str) -> None:
         conn.execute("CHECKPOINT")
 
 
-def pgbench_tps(url: str, seconds: int, clients: int) -> float:
-    """``pgbench``'s built-in TPC-B-like script (scale 10, ``clients`` clients and threads) against
-    the server of ``url``, in its own database ``<name>_pgbench``, created and dropped here."""
-    if shutil.which("pgbench") is None:
-        raise SystemExit("pgbench is not installed (apt-get install postgresql-client)")
-    name = dbname(url) + "_pgbench"
-    parts = urlsplit(url)
-    env = {
-        **os.environ,
-        "PGHOST": parts.hostname or "127.0.0.1",
-        "PGPORT": str(parts.port or 5432),
-        "PGUSER": parts.username or "postgres",
-    }
-    if parts.password:
-        env["PGPASSWORD"] = parts.password
-    with admin_connect(url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        subprocess.run(["pgbench", "-i", "-q", "-s", "10", name], env=env, check=True, capture_output=True)
-        checkpoint(url)
+class PgBench:
+    """``pgbench``'s built-in TPC-B-like script (scale 10) against the server of ``url``, in its own
+    database ``<name>_pgbench``: initialised once when entered, dropped on exit, run as often as
+    asked (:meth:`run`). A benchmark brackets each figure it divides by pgbench's rate with a run
+    before and one after it (:meth:`bracket`): on a shared machine the rate drifts by a tenth or
+    more within a minute, so one run at the end would divide by another window's machine."""
+
+    def __init__(self, url: str) -> None:
+        if shutil.which("pgbench") is None:
+            raise SystemExit("pgbench is not installed (apt-get install postgresql-client)")
+        self.url = url
+        self.name = dbname(url) + "_pgbench"
+        parts = urlsplit(url)
+        self.env = {
+            **os.environ,
+            "PGHOST": parts.hostname or "127.0.0.1",
+            "PGPORT": str(parts.port or 5432),
+            "PGUSER": parts.username or "postgres",
+        }
+        if parts.password:
+            self.env["PGPASSWORD"] = parts.password
+        #: Every run's tps, in order.
+        self.runs: list[float] = []
+
+    def __enter__(self) -> PgBench:
+        self._drop()
+        with admin_connect(self.url) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+        subprocess.run(
+            ["pgbench", "-i", "-q", "-s", "10", self.name], env=self.env, check=True, capture_output=True
+        )
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._drop()
+
+    def _drop(self) -> None:
+        with admin_connect(self.url) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(self.name)))
+
+    def run(self, seconds: int, clients: int) -> float:
+        """One run: ``clients`` clients and threads for ``seconds`` s after a ``CHECKPOINT``;
+        its tps (without the connection time), also appended to :attr:`runs`."""
+        checkpoint(self.url)
         done = subprocess.run(
-            ["pgbench", "-c", str(clients), "-j", str(clients), "-T", str(seconds), name],
-            env=env,
+            ["pgbench", "-c", str(clients), "-j", str(clients), "-T", str(seconds), self.name],
+            env=self.env,
             check=True,
             capture_output=True,
             text=True,
         )
-    finally:
-        with admin_connect(url) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", done.stdout)
-    if match is None:
-        raise SystemExit(f"could not read pgbench's tps from:\n{done.stdout}")
-    return float(match.group(1))
+        match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", done.stdout)
+        if match is None:
+            raise SystemExit(f"could not read pgbench's tps from:\n{done.stdout}")
+        tps = float(match.group(1))
+        self.runs.append(tps)
+        return tps
+
+    @staticmethod
+    def bracket(before: float, after: float) -> float:
+        """The rate a figure measured between two runs is divided by: their mean (tps)."""
+        return (before + after) / 2
