@@ -7,7 +7,11 @@ An unreachable dependency (database, Redis) is a catalogued 503 with ``Retry-Aft
 (``core.dependencies``), here for DRF views and in :func:`server_error` for everything Django runs
 before or around them (middleware, the session and authentication path, the admin): one warning
 line per change of the dependency's state, no traceback per request.
-Anything else is a bug: it is logged and answered 500 by Django, never dressed up as a 4xx.
+Anything else is a bug: Django logs it and :func:`server_error` answers 500 ``internal_error``
+(JSON on the API, Django's page elsewhere), never dressed up as a 4xx. Django's own
+``PermissionDenied`` and ``Http404`` are answered as DRF answers them, ``permission_denied`` and
+``not_found``, in DRF views and (:func:`permission_denied`, :func:`not_found`) everywhere else on
+the API: an API client never gets an HTML page.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import sys
 from typing import Any
 
 from django.core.exceptions import DisallowedHost
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
@@ -113,6 +118,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 def _handle(exc: Exception) -> Response | None:
+    if isinstance(exc, Http404):  # as DRF's own handler takes Django's two
+        exc = drf.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = drf.PermissionDenied(str(exc) or drf.PermissionDenied.default_detail)
     outage = dependency_error(exc) if not isinstance(exc, DomainError | ProtocolError) else None
     if outage is not None:
         return _response(outage.code, outage.message, None, retry_after=outage.retry_after)
@@ -143,6 +152,16 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     return defaults.page_not_found(request, exception)
 
 
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """``handler403``: a Django ``PermissionDenied`` raised outside DRF's handler (a middleware, a
+    plain view). API clients get ``permission_denied`` as JSON, with the exception's text when it
+    has one; the admin keeps Django's page."""
+    if request.path.startswith("/api/"):
+        message = str(exception or "") or str(drf.PermissionDenied.default_detail)
+        return JsonResponse({"code": "permission_denied", "message": message, "field": None}, status=403)
+    return defaults.permission_denied(request, exception)  # type: ignore[arg-type]
+
+
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     """``handler400``: what Django refuses before any view runs (a ``Host`` header outside
     ``ALLOWED_HOSTS``, another ``SuspiciousOperation``). API clients get the JSON error body
@@ -164,11 +183,17 @@ def server_error(request: HttpRequest) -> HttpResponse:
     or the authentication path before DRF's handler could see it — answers 503 with its code and
     ``Retry-After``: JSON on the API, a plain-text page for the admin and everything else; it is
     not logged again (one line per dependency state change). Anything else is a bug and stays a
-    500 with Django's log line and page (the agent retries it like no answer).
+    500 with Django's log line (its traceback): on the API the catalogued ``internal_error`` as
+    JSON (the agent retries it), elsewhere Django's page.
     """
     exc = sys.exc_info()[1]
     outage = dependency_error(exc) if exc is not None else None
     if outage is None:
+        if request.path.startswith("/api/"):
+            return JsonResponse(
+                {"code": "internal_error", "message": CATALOGUE["internal_error"].meaning, "field": None},
+                status=500,
+            )
         return defaults.server_error(request)
     response: HttpResponse
     if request.path.startswith("/api/"):

@@ -112,6 +112,13 @@ CATALOGUE: dict[str, ErrorSpec] = {
         "Django refused the request before the API saw it (a suspicious request).",
         WorkerAction.FIX_REQUEST,
     ),
+    "internal_error": ErrorSpec(
+        500,
+        "The control plane failed while answering, on a fault of its own (logged with the request's "
+        "`X-Request-ID`); nothing in the request is known to be wrong. The protocol's calls are "
+        "replay-safe, so a worker retries it as an unanswered call.",
+        WorkerAction.RETRY,
+    ),
     "rate_limited": ErrorSpec(
         429, "Too many requests from this principal or address; see Retry-After.", WorkerAction.RETRY
     ),

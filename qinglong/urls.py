@@ -30,5 +30,6 @@ urlpatterns = [
 ]
 
 handler400 = "api.exceptions.bad_request"
+handler403 = "api.exceptions.permission_denied"
 handler404 = "api.exceptions.not_found"
 handler500 = "api.exceptions.server_error"

@@ -27,4 +27,15 @@ def test_every_raised_code_is_catalogued():
 
 
 def test_statuses_are_client_or_unavailable_errors():
-    assert all(400 <= spec.status < 500 or spec.status == 503 for spec in CATALOGUE.values())
+    """4xx or 503 — except ``internal_error``, the one 500: the answer to a fault no handler
+    expected (``api.exceptions.server_error``), never raised as a refusal."""
+    statuses = {code: spec.status for code, spec in CATALOGUE.items()}
+    assert statuses.pop("internal_error") == 500
+    assert all(400 <= status < 500 or status == 503 for status in statuses.values())
+
+
+def test_no_code_raises_internal_error():
+    pattern = re.compile(r'(?:DomainError|ProtocolError)\(\s*"internal_error"')
+    for package in [*SOURCES, "api", "actions"]:
+        for path in (ROOT / package).rglob("*.py"):
+            assert not pattern.search(path.read_text()), path

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent import calls
+from agent.client import ApiError, TransportError
 from protocol.errors import ACTION_MEANINGS, CATALOGUE, WorkerAction, codes_with
 
 AGENT = Path(calls.__file__).resolve().parent
@@ -89,11 +90,13 @@ def test_the_agent_uses_the_derived_sets():
 
 
 def test_retry_means_what_the_agent_retries():
-    """The agent retries any 429/503 answer, a stale signature (after realigning its clock) and a
-    body the server stopped waiting for (408 ``request_timeout``: a slow link, not a wrong call)."""
+    """The agent retries any 429/503 answer, a stale signature (after realigning its clock), a
+    body the server stopped waiting for (408 ``request_timeout``: a slow link, not a wrong call)
+    and a fault of the control plane's own (500 ``internal_error``)."""
     retried = {code for code, spec in CATALOGUE.items() if spec.status in (429, 503)} | {
         "signature_stale",
         "request_timeout",
+        "internal_error",
     }
     assert codes_with(WorkerAction.RETRY) == retried
 
@@ -110,3 +113,11 @@ def test_every_code_the_agent_names_is_catalogued_with_the_right_action():
 def test_every_action_is_documented_and_used():
     assert set(ACTION_MEANINGS) == set(WorkerAction)
     assert {spec.action for spec in CATALOGUE.values()} == set(WorkerAction)
+
+
+def test_a_fault_of_the_control_plane_is_retried_as_an_unanswered_call_was():
+    """``internal_error`` (a JSON 500, ``api.exceptions.server_error``) is retried, as the HTML
+    500 it replaced was (a ``TransportError``): every worker call is replay-safe."""
+    assert calls.transient(TransportError("HTTP 500 with a non-JSON body"))
+    assert calls.transient(ApiError(500, "internal_error", CATALOGUE["internal_error"].meaning))
+    assert calls.classify(ApiError(500, "internal_error", "")) is None  # the session carries on

@@ -1,0 +1,132 @@
+"""An API client never gets an HTML page: a fault of the control plane's own (an exception no
+handler expected) answers 500 ``internal_error`` as JSON, and Django's ``PermissionDenied`` and
+``Http404`` answer ``permission_denied`` and ``not_found`` as JSON — raised in a DRF view, in a
+plain view, or in a hot worker endpoint. The console keeps Django's pages. ``api.exceptions``.
+
+This module is also the URLconf of its tests (``pytest.mark.urls``): the project's routes plus a
+few views that fail on purpose, under ``/api/`` and outside it."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.test import Client
+from django.urls import path
+from rest_framework.permissions import AllowAny
+from rest_framework.views import APIView
+
+from protocol import wire
+from protocol.errors import CATALOGUE
+from qinglong import urls as project_urls
+from tests.helpers import SignedClient, enrolled_worker, heartbeat, register
+
+
+class Fault(Exception):
+    """A fault no handler expects (a bug)."""
+
+
+def _plain_fault(request):
+    raise Fault("a bug in a plain view")
+
+
+def _plain_denied(request):
+    raise PermissionDenied("not for you")
+
+
+class _DrfFaultView(APIView):
+    permission_classes = [AllowAny]
+    authentication_classes: list = []
+
+    def get(self, request):
+        raise Fault("a bug in a DRF view")
+
+
+class _DrfDeniedView(APIView):
+    permission_classes = [AllowAny]
+    authentication_classes: list = []
+
+    def get(self, request):
+        raise PermissionDenied("needs runs.cancel")
+
+
+class _DrfMissingView(APIView):
+    permission_classes = [AllowAny]
+    authentication_classes: list = []
+
+    def get(self, request):
+        raise Http404("no such thing")
+
+
+urlpatterns = [
+    path("api/v1/ops/_test/plain-fault", _plain_fault),
+    path("api/v1/ops/_test/plain-denied", _plain_denied),
+    path("api/v1/ops/_test/drf-fault", _DrfFaultView.as_view()),
+    path("api/v1/ops/_test/drf-denied", _DrfDeniedView.as_view()),
+    path("api/v1/ops/_test/drf-missing", _DrfMissingView.as_view()),
+    path("console/_test/plain-fault", _plain_fault),
+    path("console/_test/plain-denied", _plain_denied),
+    *project_urls.urlpatterns,
+]
+handler400 = project_urls.handler400
+handler403 = project_urls.handler403
+handler404 = project_urls.handler404
+handler500 = project_urls.handler500
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
+
+
+@pytest.fixture
+def answering_client() -> Client:
+    """Django's test client that hands back the 500 answer instead of re-raising the fault."""
+    return Client(raise_request_exception=False)
+
+
+def _json_error(answer, status: int, code: str) -> dict:
+    assert answer.status_code == status, answer.content[:300]
+    assert answer["Content-Type"] == "application/json", answer["Content-Type"]
+    body = answer.json()
+    assert body["code"] == code and body["field"] is None, body
+    assert set(body) == {"code", "message", "field"}
+    return body
+
+
+@pytest.mark.parametrize("route", ["plain-fault", "drf-fault"])
+def test_a_fault_on_the_api_answers_internal_error_as_json(answering_client, route, caplog):
+    answer = answering_client.get(f"/api/v1/ops/_test/{route}")
+    body = _json_error(answer, 500, "internal_error")
+    assert body["message"] == CATALOGUE["internal_error"].meaning
+    assert "a bug" not in answer.content.decode()  # the fault's text stays in the log
+    assert answer["X-Request-ID"]  # the id the log line carries
+    assert any(record.exc_info and record.exc_info[0] is Fault for record in caplog.records)
+
+
+def test_a_fault_in_a_hot_worker_endpoint_answers_internal_error_as_json(answering_client, monkeypatch):
+    worker = enrolled_worker()
+    session = register(worker)
+
+    def fault(**kwargs):
+        raise Fault("the heartbeat path broke")
+
+    monkeypatch.setattr("api.workers.views.session_heartbeat", fault)
+    answer = SignedClient(answering_client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session))
+    _json_error(answer, 500, "internal_error")
+
+
+@pytest.mark.parametrize(
+    ("route", "message"), [("plain-denied", "not for you"), ("drf-denied", "needs runs.cancel")]
+)
+def test_permission_denied_on_the_api_answers_json(answering_client, route, message):
+    answer = answering_client.get(f"/api/v1/ops/_test/{route}")
+    assert _json_error(answer, 403, "permission_denied")["message"] == message
+
+
+def test_http404_in_a_drf_view_answers_not_found_as_json(answering_client):
+    _json_error(answering_client.get("/api/v1/ops/_test/drf-missing"), 404, "not_found")
+
+
+def test_the_console_keeps_djangos_pages(answering_client):
+    fault = answering_client.get("/console/_test/plain-fault")
+    assert fault.status_code == 500 and fault["Content-Type"].startswith("text/html")
+    denied = answering_client.get("/console/_test/plain-denied")
+    assert denied.status_code == 403 and denied["Content-Type"].startswith("text/html")
