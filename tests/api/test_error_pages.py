@@ -34,26 +34,24 @@ def _plain_denied(request):
     raise PermissionDenied("not for you")
 
 
-class _DrfFaultView(APIView):
+class _OpenView(APIView):
+    """A DRF view anyone may call (these tests are about the answer, not who asks)."""
+
     permission_classes = [AllowAny]
     authentication_classes: list = []
 
+
+class _DrfFaultView(_OpenView):
     def get(self, request):
         raise Fault("a bug in a DRF view")
 
 
-class _DrfDeniedView(APIView):
-    permission_classes = [AllowAny]
-    authentication_classes: list = []
-
+class _DrfDeniedView(_OpenView):
     def get(self, request):
         raise PermissionDenied("needs runs.cancel")
 
 
-class _DrfMissingView(APIView):
-    permission_classes = [AllowAny]
-    authentication_classes: list = []
-
+class _DrfMissingView(_OpenView):
     def get(self, request):
         raise Http404("no such thing")
 
