@@ -292,7 +292,8 @@ class OperatorPermission(BasePermission):
     """The permission a view's ``permissions`` names for the request's method (GET also serves
     HEAD and OPTIONS): the user must hold it (a superuser holds all), and a request made with an
     API token only what the token's role grants too. A method the view names no permission for
-    is refused: nothing is open by default. No staff check: roles decide (``accounts.roles``)."""
+    is refused: nothing is open by default — unless the view has no handler for it at all, which
+    DRF answers 405 (nothing runs). No staff check: roles decide (``accounts.roles``)."""
 
     message = "permission denied"
 
@@ -302,6 +303,8 @@ class OperatorPermission(BasePermission):
             return False  # DRF answers 401 not_authenticated
         needed = required_permission(view, request.method)
         if needed is None:
+            if not _serves(view, request.method):
+                return True  # no handler runs: DRF answers 405 method_not_allowed, with Allow
             self.message = f"{request.method} is not permitted here"
             return False
         if not user.is_active or not user.has_perm(needed):
@@ -311,6 +314,21 @@ class OperatorPermission(BasePermission):
             self.message = f"needs the {needed} permission, beyond this token's role {request.auth.role}"
             return False
         return True
+
+
+def refuse_nul_query(request) -> None:
+    """Refuse a query parameter whose name or value holds a NUL character (``%00``) with
+    ``validation_failed`` naming it: no filter can match one, and PostgreSQL refuses text with
+    NUL outright (psycopg's ``DataError``, which would be a 500)."""
+    for name, values in request.query_params.lists():
+        if "\x00" in name or any("\x00" in value for value in values):
+            raise DomainError("validation_failed", "must not contain a NUL character", field=name)
+
+
+def _serves(view, method: str) -> bool:
+    """Whether ``view`` has a handler for ``method`` (as DRF's dispatch looks one up)."""
+    name = method.lower()
+    return name in view.http_method_names and hasattr(view, name)
 
 
 def required_permission(view, method: str) -> str | None:
@@ -332,6 +350,10 @@ class OperatorAPIView(APIView):
     error_table = "operator"  # the error answers api.schema documents
     max_body_bytes = 96 * 1024
     max_json_depth = 8
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        refuse_nul_query(request)
 
     @property
     def actor(self) -> str:

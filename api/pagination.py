@@ -3,6 +3,7 @@ query parameter, stable under inserts, no page counts, no hard cap on how far on
 
 from __future__ import annotations
 
+from django.core.exceptions import FieldDoesNotExist, ValidationError
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound
 from rest_framework.pagination import CursorPagination
@@ -32,12 +33,32 @@ def paginate(
     paginator = OperatorCursor()
     paginator.ordering = ordering
     try:
+        _check_position(paginator, request, queryset.model, ordering[0].lstrip("-"))
         page: list | None = paginator.paginate_queryset(queryset, request, view=view)
     except NotFound:
         raise DomainError("validation_failed", "not a cursor this list issued", field="cursor") from None
     if prepare is not None:
         prepare(page)
     return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
+
+def _check_position(paginator: OperatorCursor, request, model, name: str) -> None:
+    """Raise ``NotFound`` (as DRF does for a cursor it cannot decode) when the cursor decodes but
+    its position is no value of the ordering's first field (``name`` of ``model``): a cursor is
+    opaque but not signed, and a forged position must be refused before it reaches a query."""
+    cursor = paginator.decode_cursor(request)
+    if cursor is None or cursor.position is None:
+        return
+    if "\x00" in str(cursor.position):
+        raise NotFound
+    try:
+        field = model._meta.get_field(name)
+    except FieldDoesNotExist:  # an annotation: nothing to check it against
+        return
+    try:
+        field.to_python(cursor.position)
+    except (ValidationError, ValueError, TypeError):
+        raise NotFound from None
 
 
 def page_of(serializer_class) -> type[serializers.Serializer]:

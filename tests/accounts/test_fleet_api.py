@@ -4,6 +4,8 @@ field."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from actions.workers import worker_drain, worker_revoke
@@ -155,3 +157,58 @@ def test_sessions_and_audit_are_readable_and_filtered(client, viewer_headers):
         answer = get(client, f"audit?{query}", viewer_headers)
         assert (answer.status_code, answer.json()["field"]) == (400, field), query
     assert get(client, "sessions?state=asleep", viewer_headers).json()["field"] == "state"
+
+
+def _forged(query: str) -> str:
+    """A cursor as DRF encodes one (base64 of its query string), with a position of our own."""
+    return base64.b64encode(query.encode()).decode()
+
+
+@pytest.mark.parametrize("endpoint", ["runs", "audit", "sessions", "workers", "tasks"])
+@pytest.mark.parametrize("position", ["p=garbage", "r=1&p=x", "p=%00", "p=2020-13-45", "o=5&p=1e9999"])
+def test_a_forged_cursor_position_is_refused_naming_the_cursor(client, viewer_headers, endpoint, position):
+    """A cursor is opaque but not signed: one whose position is no value of the list's ordering
+    (a number for the audit log, a UUID for runs, a time for sessions) is refused, not a 500."""
+    answer = get(client, f"{endpoint}?cursor={_forged(position)}", viewer_headers)
+    if answer.status_code == 200:  # a name-ordered list: any text is a position (but no NUL)
+        assert endpoint in ("workers", "tasks") and position != "p=%00", answer.json()
+        return
+    assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (
+        400,
+        "validation_failed",
+        "cursor",
+    )
+
+
+@pytest.mark.parametrize("method", ["put", "delete", "patch"])
+@pytest.mark.parametrize("endpoint", ["workers", "runs", "audit"])
+def test_a_method_a_list_has_no_handler_for_is_method_not_allowed(client, viewer_headers, method, endpoint):
+    """405 with ``Allow`` (the view serves no such method), not a 403: no permission is involved."""
+    answer = getattr(client, method)(OPS + endpoint, headers=viewer_headers)
+    assert (answer.status_code, answer.json()["code"]) == (405, "method_not_allowed")
+    assert "GET" in answer["Allow"]
+
+
+def test_a_method_without_credentials_is_still_not_authenticated_first(client):
+    answer = client.put(OPS + "workers")
+    assert (answer.status_code, answer.json()["code"]) == (401, "not_authenticated")
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("task=%00", "task"),
+        ("state=running%00", "state"),
+        ("label=zone%3Deu%00", "label"),
+        ("x%00=1", "x\x00"),
+    ],
+)
+def test_a_nul_in_a_query_parameter_is_refused_naming_it(client, viewer_headers, query, field):
+    """PostgreSQL refuses text holding NUL (a 500 if it reached a query): refused first, on both stores."""
+    endpoint = "workers" if query.startswith("label") else "runs"
+    answer = get(client, f"{endpoint}?{query}", viewer_headers)
+    assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (
+        400,
+        "validation_failed",
+        field,
+    )
