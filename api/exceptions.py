@@ -145,9 +145,16 @@ def _handle(exc: Exception) -> Response | None:
     return None
 
 
+def is_api(request: HttpRequest) -> bool:
+    """True for a path of the APIs, whose every answer is JSON: ``/api`` and anything below it,
+    however many slashes lead (``//api/v1/…`` resolves nowhere, but is still asked of the API)."""
+    head = request.path.lstrip("/")
+    return head == "api" or head.startswith("api/")
+
+
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """``handler404``: API clients get the JSON error body; the admin keeps Django's page."""
-    if request.path.startswith("/api/"):
+    if is_api(request):
         return JsonResponse({"code": "not_found", "message": "no such endpoint", "field": None}, status=404)
     return defaults.page_not_found(request, exception)
 
@@ -156,7 +163,7 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
     """``handler403``: a Django ``PermissionDenied`` raised outside DRF's handler (a middleware, a
     plain view). API clients get ``permission_denied`` as JSON, with the exception's text when it
     has one; the admin keeps Django's page."""
-    if request.path.startswith("/api/"):
+    if is_api(request):
         message = str(exception or "") or str(drf.PermissionDenied.default_detail)
         return JsonResponse({"code": "permission_denied", "message": message, "field": None}, status=403)
     return defaults.permission_denied(request, exception)  # type: ignore[arg-type]
@@ -171,7 +178,7 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
         code, field = "host_not_allowed", "Host"
     else:
         code, field = "request_rejected", None
-    if not request.path.startswith("/api/"):
+    if not is_api(request):
         return defaults.bad_request(request, exception)
     return JsonResponse({"code": code, "message": CATALOGUE[code].meaning, "field": field}, status=400)
 
@@ -189,14 +196,14 @@ def server_error(request: HttpRequest) -> HttpResponse:
     exc = sys.exc_info()[1]
     outage = dependency_error(exc) if exc is not None else None
     if outage is None:
-        if request.path.startswith("/api/"):
+        if is_api(request):
             return JsonResponse(
                 {"code": "internal_error", "message": CATALOGUE["internal_error"].meaning, "field": None},
                 status=500,
             )
         return defaults.server_error(request)
     response: HttpResponse
-    if request.path.startswith("/api/"):
+    if is_api(request):
         response = JsonResponse({"code": outage.code, "message": outage.message, "field": None}, status=503)
     else:
         response = HttpResponse(

@@ -16,6 +16,7 @@ from django.urls import path
 from rest_framework.permissions import AllowAny
 from rest_framework.views import APIView
 
+from api.exceptions import is_api
 from protocol import wire
 from protocol.errors import CATALOGUE
 from qinglong import urls as project_urls
@@ -128,3 +129,55 @@ def test_the_console_keeps_djangos_pages(answering_client):
     assert fault.status_code == 500 and fault["Content-Type"].startswith("text/html")
     denied = answering_client.get("/console/_test/plain-denied")
     assert denied.status_code == 403 and denied["Content-Type"].startswith("text/html")
+
+
+@pytest.mark.parametrize(
+    ("method", "route", "headers", "status", "code"),
+    [
+        ("post", "/api/v1/docs", {}, 405, "method_not_allowed"),
+        ("options", "/api/v1/docs", {}, 405, "method_not_allowed"),
+        ("get", "/api/v1/docs", {"Accept": "application/json"}, 406, "not_acceptable"),
+        ("get", "/api/v1/docs?format=json", {}, 404, "not_found"),
+        ("post", "/api/v1/schema", {}, 405, "method_not_allowed"),
+        ("options", "/api/v1/schema", {}, 405, "method_not_allowed"),
+        ("get", "/api/v1/schema", {"Accept": "application/xml"}, 406, "not_acceptable"),
+        ("get", "/api/v1/schema?format=xml", {}, 404, "not_found"),
+    ],
+)
+def test_the_schema_and_docs_refuse_in_json(answering_client, method, route, headers, status, code):
+    """Their answers are YAML and HTML; their refusals are the API's JSON errors all the same."""
+    answer = getattr(answering_client, method)(route, headers=headers)
+    assert answer.status_code == status, answer.content[:200]
+    assert answer["Content-Type"] == "application/json"
+    assert answer.json()["code"] == code
+
+
+def test_the_schema_and_docs_still_answer_yaml_and_html(answering_client):
+    schema = answering_client.get("/api/v1/schema")
+    assert schema.status_code == 200 and schema["Content-Type"].startswith("text/plain")
+    docs = answering_client.get("/api/v1/docs")
+    assert docs.status_code == 200 and docs["Content-Type"].startswith("text/html")
+
+
+@pytest.mark.parametrize("route", ["/api", "/api?x=1"])
+def test_the_api_root_without_its_slash_is_still_the_api(answering_client, route):
+    _json_error(answering_client.get(route), 404, "not_found")
+    assert answering_client.head(route)["Content-Type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    ("path", "api"),
+    [
+        ("/api", True),
+        ("/api/", True),
+        ("//api/v1/ops/workers", True),  # what a server hands over for GET //api/…
+        ("/api/v1/worker/claim", True),
+        ("/apix", False),
+        ("/console/api/", False),
+        ("/", False),
+    ],
+)
+def test_which_paths_are_the_apis(rf, path, api):
+    request = rf.get("/")
+    request.path = path
+    assert is_api(request) is api
