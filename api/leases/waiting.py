@@ -27,10 +27,12 @@ end a wait (the lease that frees capacity wakes it).
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
@@ -40,7 +42,7 @@ from rest_framework.response import Response
 from actions.leases.claims import OfferRequest, check_offers, lease_claim
 from actions.sessions.heartbeat import session_keep_alive
 from api.base import WorkerAPIView, validated
-from api.exceptions import exception_handler
+from api.exceptions import bad_request, exception_handler
 from api.middleware import BodyLimitMiddleware
 from api.waiting import HUB, Waiter, run_sync
 from api.workers.serializers import session_out
@@ -199,6 +201,12 @@ def _refusal(exc: DomainError) -> HttpResponse:
 async def claim_wait(request: HttpRequest) -> HttpResponse:
     """``POST claim/wait``: claim now or wait (bounded) for work, a watched cancellation or a
     fence change; see the module docstring and docs/leases.md "Waiting claims"."""
+    try:
+        request.get_host()  # ALLOWED_HOSTS, as CommonMiddleware checks it on every other road
+    except DisallowedHost as exc:
+        refused = bad_request(request, exc)
+        refused.data = json.loads(refused.content)  # type: ignore[attr-defined]  # the outcome label
+        return refused
     if request.method == "OPTIONS":
         return await run_sync(_options, request)
     if request.method != "POST":

@@ -530,3 +530,20 @@ def test_work_committed_without_a_wake_up_as_the_listen_connection_opened_is_cla
     assert status == 200, body
     assert body["ended"] == "offers" and len(body["offers"]) == 1, body
     assert looks[1] - looks[0] >= 0.5
+
+
+def test_a_waiting_claim_for_a_host_this_control_plane_does_not_serve_is_refused_first():
+    """``claim/wait`` runs without Django's middleware (``qinglong.asgi.WaitingHandler``), so it
+    checks ``ALLOWED_HOSTS`` itself, before anything else, as every other road does (400
+    ``host_not_allowed`` naming ``Host``, whatever the method)."""
+
+    async def ask(method: str) -> tuple[int, dict]:
+        request = AsyncRequestFactory().generic(
+            method, wire.CLAIM_WAIT, b"{}", content_type="application/json", headers={"Host": "evil.example"}
+        )
+        response = await claim_wait(request)
+        return response.status_code, json.loads(response.content)
+
+    for method in ("POST", "OPTIONS", "GET"):
+        status, body = asyncio.run(ask(method))
+        assert (status, body["code"], body["field"]) == (400, "host_not_allowed", "Host"), (method, body)
