@@ -84,8 +84,13 @@ def test_a_rotation_committed_while_redis_was_down_is_refused_once_it_is_back(
 
         credential_force_rotation(worker_id=worker.worker_id)  # commits; the eviction cannot reach Redis
 
-        server = _start_redis(port, tmp_path)  # back with the stale copy and its version
-        copy = cache.get(principals._credential_key(worker.credential_id))
+        # The eviction thread retries every EVICTION_RETRY_SECONDS and would evict the stale copy
+        # as soon as Redis answers, before it is looked at: it waits on the lock meanwhile (a try
+        # already past the lock fails on the dead Redis within the pause).
+        with principals._PENDING_LOCK:
+            time.sleep(2 * principals.EVICTION_RETRY_SECONDS)
+            server = _start_redis(port, tmp_path)  # back with the stale copy and its version
+            copy = cache.get(principals._credential_key(worker.credential_id))
         assert copy is not None and copy[0].state == "active", copy  # what the eviction missed
         this = api.post(wire.SESSION_HEARTBEAT, body)
         assert (this.status_code, this.json()["code"]) == (401, "credential_expired"), this.json()
