@@ -1,4 +1,5 @@
-"""Per-endpoint request body limits, enforced before anything reads or parses the body; and the
+"""Per-endpoint request body limits, enforced before anything reads or parses the body; requests
+whose path or query holds a NUL character, refused before anything queries with it; and the
 console's session, user and message middleware, which the worker API never needs."""
 
 from __future__ import annotations
@@ -6,9 +7,10 @@ from __future__ import annotations
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
-from django.http import JsonResponse
+from django.http import HttpRequest, HttpResponseBadRequest, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
+from api.exceptions import is_api
 from api.query import digits_value
 from protocol.wire import API_PREFIX
 
@@ -79,3 +81,40 @@ def _too_large(message: str, limit: int) -> JsonResponse:
         {"code": "body_too_large", "message": message, "field": None, "details": {"limitBytes": limit}},
         status=413,
     )
+
+
+class NulRefusalMiddleware:
+    """Answer 400 when the path or a query parameter (its name or a value) holds a NUL character
+    (``%00``): no URL or filter can mean one, and PostgreSQL refuses text holding it outright
+    (psycopg's ``DataError``: a 500 wherever it reached a query — an admin search, a list filter,
+    an object id in a path). On the API: ``validation_failed`` naming the parameter (or ``path``);
+    elsewhere Django's plain 400. Costs a substring test per request; the query is parsed only
+    when it holds ``%00``."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest):
+        field = _nul_field(request)
+        if field is None:
+            return self.get_response(request)
+        if is_api(request):
+            return JsonResponse(
+                {"code": "validation_failed", "message": "must not contain a NUL character", "field": field},
+                status=400,
+            )
+        return HttpResponseBadRequest(
+            "400 Bad Request: a NUL character in the path or query.\n", content_type="text/plain"
+        )
+
+
+def _nul_field(request: HttpRequest) -> str | None:
+    """``path``, or the first query parameter whose name or value holds NUL; None if none does."""
+    if "\x00" in request.path_info:
+        return "path"
+    if "%00" not in request.META.get("QUERY_STRING", ""):
+        return None
+    for name, values in request.GET.lists():
+        if "\x00" in name or any("\x00" in value for value in values):
+            return name
+    return None

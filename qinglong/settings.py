@@ -80,6 +80,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "api.observability.ObservabilityMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "api.middleware.NulRefusalMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "api.middleware.BodyLimitMiddleware",
     "api.middleware.ConsoleSessionMiddleware",

@@ -181,3 +181,25 @@ def test_which_paths_are_the_apis(rf, path, api):
     request = rf.get("/")
     request.path = path
     assert is_api(request) is api
+
+
+@pytest.mark.parametrize(
+    ("route", "field"),
+    [
+        ("/api/v1/ops/workers?label=zone%3D%00", "label"),
+        ("/api/v1/ops/runs?x%00=1", "x\x00"),
+        ("/api/v1/ops/workers/%00", "path"),
+        ("/api/v1/worker/claim?q=%00", "q"),
+    ],
+)
+def test_a_nul_in_the_path_or_query_is_refused_on_the_api_naming_it(answering_client, route, field):
+    """PostgreSQL refuses text holding NUL (psycopg's DataError, a 500 wherever it reached a
+    query): ``api.middleware.NulRefusalMiddleware`` refuses it first, on both stores."""
+    body = answering_client.get(route)
+    assert (body.status_code, body.json()["code"], body.json()["field"]) == (400, "validation_failed", field)
+
+
+@pytest.mark.parametrize("route", ["/console/?q=%00", "/console/workers/worker/?q=a%00b", "/console/%00/"])
+def test_a_nul_in_the_path_or_query_is_a_plain_400_in_the_console(answering_client, route):
+    answer = answering_client.get(route)
+    assert answer.status_code == 400 and answer["Content-Type"].startswith("text/plain"), answer.content[:200]
