@@ -186,6 +186,16 @@ class RequestGuard:
         return b"".join(chunks)
 
 
+def _set_result(future: asyncio.Future, value: Any) -> None:
+    if not future.done():  # cancelled meanwhile: the client went away
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
 class _Replay:
     """``receive`` for the app: the body read already, then the client's own messages."""
 
@@ -226,8 +236,9 @@ class BufferedWSGI:
     for each body read, the response's start and each body chunk, and waits there each time. A
     worker request's body is already whole (``RequestGuard`` read it) and its answer is a small
     JSON document, so here the thread runs the WSGI application to the end with the body in
-    memory and hands back status, headers and body together; the loop sends them. Measured with
-    bench-claim's signed-HTTP loops (docs/performance.md). ``prefixes``: the paths served so
+    memory and hands back status, headers and body together, in one callback on the loop (not
+    ``run_in_executor``'s chain of two futures); the loop sends them. Measured with bench-claim's
+    signed-HTTP loops (docs/performance.md). ``prefixes``: the paths served so
     (never a streaming response: the whole answer is held in memory); ``executor``: the pool the
     fallback uses too, so the threads stay one per request slot.
     """
@@ -250,9 +261,24 @@ class BufferedWSGI:
                 break
         environ = build_environ(scope, io.BytesIO(b"".join(chunks)))  # type: ignore[arg-type]
         loop = asyncio.get_running_loop()
-        status, headers, body = await loop.run_in_executor(self.executor, self._run, environ)
+        answer: asyncio.Future = loop.create_future()
+        self.executor.submit(self._answer, environ, loop, answer)
+        status, headers, body = await answer
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    def _answer(self, environ: Any, loop: asyncio.AbstractEventLoop, answer: asyncio.Future) -> None:
+        """In a pool thread: run the request and hand its answer (or its exception) to ``answer``
+        on the event loop in one callback."""
+        settle: Callable[[asyncio.Future, Any], None] = _set_result
+        try:
+            outcome: Any = self._run(environ)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine, which raises it
+            outcome, settle = exc, _set_exception
+        try:
+            loop.call_soon_threadsafe(settle, answer, outcome)
+        except RuntimeError:  # the loop closed meanwhile (shutdown): nobody awaits the answer
+            pass
 
     def _run(self, environ: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         started: list = []

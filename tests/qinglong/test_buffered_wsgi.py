@@ -7,6 +7,7 @@ several chunks. Other paths are passed to the fallback untouched.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from a2wsgi import WSGIMiddleware
@@ -105,3 +106,51 @@ def test_a_response_in_several_chunks_arrives_whole_and_other_paths_go_to_the_fa
     )
     assert _answer(buffered, "GET", "/admin/", b"")[0] == 204
     assert seen == ["/admin/"]
+
+
+def test_an_exception_in_the_application_reaches_the_awaiting_request():
+    def broken(environ, start_response):
+        raise LookupError("the application failed")
+
+    pooled = WSGIMiddleware(broken, workers=1)
+    buffered = BufferedWSGI(broken, executor=pooled.executor, fallback=pooled, prefixes=(wire.API_PREFIX,))
+    with pytest.raises(LookupError, match="the application failed"):
+        _answer(buffered, "POST", wire.CLAIM, b"{}")
+
+
+def test_a_request_cancelled_while_its_thread_runs_leaves_the_loop_without_an_error():
+    """The client went away (the server cancels the request's task) while a pool thread still ran
+    it: the answer the thread hands back later finds a cancelled future and is dropped, and the
+    event loop reports no exception from that callback."""
+    release = threading.Event()
+
+    def slow(environ, start_response):
+        release.wait(5)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"late"]
+
+    pooled = WSGIMiddleware(slow, workers=1)
+    buffered = BufferedWSGI(slow, executor=pooled.executor, fallback=pooled, prefixes=(wire.API_PREFIX,))
+    reported: list[dict] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            raise AssertionError("a cancelled request sends nothing")
+
+        headers = [(b"host", b"127.0.0.1:8000"), (b"content-length", b"0")]
+        task = asyncio.create_task(buffered(_scope("POST", wire.CLAIM, headers), receive, send))
+        await asyncio.sleep(0.05)  # the thread is inside the application now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        await asyncio.get_running_loop().run_in_executor(None, pooled.executor.shutdown, True)
+        await asyncio.sleep(0.05)  # the thread's hand-back callback has run
+
+    asyncio.run(scenario())
+    assert reported == []
