@@ -2,14 +2,17 @@
 agent, ``manage.py`` commands — each a separate process, as in production.
 
 Servers listen on 127.0.0.1 ports 8600-8699 only (``QINGLONG_TEST_PORT_BASE`` moves the range, for
-checkouts testing side by side); each pytest-xdist worker takes its own slice.
+checkouts testing side by side); each pytest-xdist worker takes its own slice. A port is taken
+with the lock ``manage.py serve`` takes for it (``claim_port``), and a stopped
+:class:`ControlPlane` keeps holding that lock until it starts again: an outage test's port stays
+its own while its server is away, so another checkout's server cannot start on it and answer the
+test's agents in its place.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,9 +22,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from django.core.management.base import CommandError
 from django.db import connection
+
+from console.management.commands.serve import claim_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT_BASE = int(os.environ.get("QINGLONG_TEST_PORT_BASE", "8600"))
@@ -87,19 +93,26 @@ def celery_beat(
 
 
 def free_port() -> int:
-    """A free port in this xdist worker's slice of :data:`PORTS`."""
+    """A free port in this xdist worker's slice of :data:`PORTS`: nothing listens on it and no
+    server, running or stopped (:meth:`ControlPlane.stop`), holds its serve lock."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
     width = 25
     for port in PORTS[index * width % len(PORTS) :][:width]:
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        held = reserve_port(port)
+        if held is not None:
+            held.close()
             return port
     raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
+
+
+def reserve_port(port: int) -> IO[str] | None:
+    """Take ``port``'s serve lock (``manage.py serve``'s ``claim_port``: an exclusive lock, then a
+    bind probe) and return the open lock file that holds it, or None when the port is taken."""
+    try:
+        return claim_port("127.0.0.1", port)
+    except CommandError:
+        return None
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition", step: float = 0.1):
@@ -142,6 +155,7 @@ class ControlPlane:
         self.process: subprocess.Popen | None = None
         self.starts = 0
         self.started = False
+        self._reservation: IO[str] | None = None  # the port's serve lock while stopped
 
     def start(self) -> None:
         """Start ``manage.py serve``; before the first successful start, a port another process
@@ -163,6 +177,9 @@ class ControlPlane:
 
     def _start(self) -> None:
         self.starts += 1
+        if self._reservation is not None:  # the server takes the port's lock itself
+            self._reservation.close()
+            self._reservation = None
         log = open(self.log_dir / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 - closed with the process
         self.process = subprocess.Popen(
             [
@@ -193,6 +210,8 @@ class ControlPlane:
             return False
 
     def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 10 s) and hold its port's serve lock until
+        the next start (module docstring); the lock goes with this object."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -201,6 +220,8 @@ class ControlPlane:
                 self.process.kill()
                 self.process.wait(10)
         self.process = None
+        if self._reservation is None:
+            self._reservation = reserve_port(self.port)
 
     def log(self) -> str:
         return (self.log_dir / f"serve-{self.starts}.log").read_text(errors="replace")[-4000:]
