@@ -3,6 +3,9 @@ query parameter, stable under inserts, no page counts, no hard cap on how far on
 
 from __future__ import annotations
 
+from base64 import b64decode
+from urllib.parse import parse_qs
+
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound
@@ -42,12 +45,23 @@ def paginate(
     return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
 
+#: What DRF writes into a cursor (``CursorPagination.encode_cursor``): offset, reverse, position.
+_CURSOR_KEYS = frozenset({"o", "r", "p"})
+
+
 def _check_position(paginator: OperatorCursor, request, model, name: str) -> None:
     """Raise ``NotFound`` (as DRF does for a cursor it cannot decode) when the cursor decodes but
-    its position is no value of the ordering's first field (``name`` of ``model``): a cursor is
-    opaque but not signed, and a forged position must be refused before it reaches a query."""
+    holds anything DRF never writes into one, or its position is no value of the ordering's first
+    field (``name`` of ``model``): a cursor is opaque but not signed, and a forged one must be
+    refused before it reaches a query — not read as "no position", which is the first page."""
     cursor = paginator.decode_cursor(request)
-    if cursor is None or cursor.position is None:
+    if cursor is None:
+        return
+    encoded = request.query_params[paginator.cursor_query_param]  # decodable: decode_cursor did
+    keys = parse_qs(b64decode(encoded.encode("ascii")).decode("ascii"), keep_blank_values=True)
+    if not keys.keys() <= _CURSOR_KEYS:
+        raise NotFound
+    if cursor.position is None:
         return
     if "\x00" in str(cursor.position):
         raise NotFound

@@ -180,6 +180,36 @@ def test_a_forged_cursor_position_is_refused_naming_the_cursor(client, viewer_he
     )
 
 
+@pytest.mark.parametrize("endpoint", ["runs", "audit", "workers"])
+@pytest.mark.parametrize("query", ["\x00" * 3750, "garbage", "o=1&x=2", "p=1&p=2&q="])
+def test_a_cursor_holding_what_no_cursor_holds_is_refused_not_read_as_the_first_page(
+    client, viewer_headers, endpoint, query
+):
+    """A decodable cursor with keys DRF never writes (5,000 characters of ``A``, which decode to
+    NULs; a word; a stray key) used to answer the first page as if no cursor had been sent."""
+    answer = get(client, f"{endpoint}?cursor={_forged(query)}", viewer_headers)
+    assert (answer.status_code, answer.json()["code"], answer.json()["field"]) == (
+        400,
+        "validation_failed",
+        "cursor",
+    )
+
+
+@pytest.mark.parametrize("endpoint", ["workers", "audit"])
+def test_the_cursors_a_list_issues_are_taken_forwards_and_back(client, viewer_headers, endpoint):
+    """Every ``next`` and ``previous`` link a list issues is accepted (the check above refuses
+    only what DRF never writes): forwards to the end, then back page by page to the first."""
+    for index in range(5):
+        enrolled_worker(f"box-{index}")
+    pages = [get(client, f"{endpoint}?limit=2", viewer_headers).json()]
+    while pages[-1]["next"]:
+        pages.append(client.get(pages[-1]["next"], headers=viewer_headers).json())
+    assert len(pages) >= 3
+    for later, earlier in zip(pages[:0:-1], pages[-2::-1], strict=True):
+        back = client.get(later["previous"], headers=viewer_headers)
+        assert back.status_code == 200 and back.json()["results"] == earlier["results"]
+
+
 @pytest.mark.parametrize("method", ["put", "delete", "patch"])
 @pytest.mark.parametrize("endpoint", ["workers", "runs", "audit"])
 def test_a_method_a_list_has_no_handler_for_is_method_not_allowed(client, viewer_headers, method, endpoint):
