@@ -115,17 +115,30 @@ SELECT (jsonb_populate_record(NULL::runs_runattempt, to_jsonb(a)
 """
 
 
-def _most_buffers(plans: list[str]) -> tuple[int, str]:
-    """The most shared buffers one statement inside the functions read, and its first line."""
-    read = [(0, "")]
+def _buffers(plans: list[str]) -> list[tuple[int, str]]:
+    """(shared buffers read, text) of each logged statement that reports its buffers, calls included."""
+    out = []
     for plan in plans:
         text = plan.split("Query Text:", 1)[-1].strip()
-        if text.startswith("SELECT ql_lease_"):
-            continue  # the call itself: the sum of what its statements read
         top = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
         if top:
-            read.append((int(top.group(1)) + int(top.group(2) or 0), text.splitlines()[0][:80]))
-    return max(read)
+            out.append((int(top.group(1)) + int(top.group(2) or 0), text))
+    return out
+
+
+def _statement_buffers(plans: list[str]) -> list[tuple[int, str]]:
+    """(shared buffers read, text on one line) of each statement the functions ran: the calls
+    themselves (the sum of what their statements read) left out."""
+    return [
+        (read, " ".join(text.split()))
+        for read, text in _buffers(plans)
+        if not text.startswith(("SELECT ql_lease_", "SELECT ql_log_"))
+    ]
+
+
+def _most_buffers(plans: list[str]) -> tuple[int, str]:
+    """The most shared buffers one statement inside the functions read, and its first 80 characters."""
+    return max([(0, ""), *((read, text[:80]) for read, text in _statement_buffers(plans))])
 
 
 def test_a_claim_planned_on_a_short_queue_reads_what_a_fresh_plan_reads_once_the_queue_has_grown(
@@ -201,12 +214,7 @@ def test_a_heartbeat_planned_on_few_active_leases_reads_its_own_once_the_fleet_h
 
 def _most_statement_buffers(plans: list[str], opening: str) -> int:
     """The shared buffers read by the logged statement whose text starts with ``opening``."""
-    read = []
-    for plan in plans:
-        text = plan.split("Query Text:", 1)[-1].strip()
-        top = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
-        if text.startswith(opening) and top:
-            read.append(int(top.group(1)) + int(top.group(2) or 0))
+    read = [buffers for buffers, text in _buffers(plans) if text.startswith(opening)]
     assert read, plans
     return max(read)
 
@@ -294,16 +302,3 @@ def test_every_worker_call_reads_by_key_however_many_sessions_and_leases_its_wor
     assert len(session_reads) >= 6, session_reads
     for plan in session_reads:
         assert "workers_workersession_pkey" in plan and "worker_id_" not in plan, plan
-
-
-def _statement_buffers(plans: list[str]) -> list[tuple[int, str]]:
-    """(shared buffers read, first line) of each statement the functions ran (the calls excluded)."""
-    out = []
-    for plan in plans:
-        text = plan.split("Query Text:", 1)[-1].strip()
-        if text.startswith(("SELECT ql_lease_", "SELECT ql_log_")):
-            continue
-        top = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
-        if top:
-            out.append((int(top.group(1)) + int(top.group(2) or 0), " ".join(text.split())))
-    return out
