@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import ValidationError
+from django.db import DataError
 from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -54,6 +56,16 @@ class RefuseUnpermittedActions:
             )
             return HttpResponseRedirect(request.get_full_path())
         return super().changelist_view(request, extra_context)
+
+    def get_changelist_instance(self, request):
+        """Django's change list, except that a filter value the database cannot take (a year of
+        -1 or beyond 64 bits in ``created_at__year``, an ``id__in`` beyond 64 bits) fails when the
+        list counts its rows, after Django's own parameter checks: it is answered as Django
+        answers a bad lookup (a redirect to ``?e=1``), not with a 500."""
+        try:
+            return super().get_changelist_instance(request)
+        except (ValueError, OverflowError, DataError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
 
 
 class ModelAdmin(RefuseUnpermittedActions, admin.ModelAdmin):

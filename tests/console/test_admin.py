@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.messages import get_messages
+from django.db import connection
 
 from audit.models import Event
 from runs.models import Run
@@ -54,3 +55,25 @@ def test_an_admin_adds_a_worker_through_the_write_path_and_an_operator_cannot(cl
     client.force_login(operator_user("ops", role="operator"))
     assert client.post("/admin/workers/worker/add/", {"name": "rack-8"}).status_code == 403
     assert list(Worker.objects.values_list("name", flat=True)) == ["rack-7"]
+
+
+@pytest.mark.parametrize(
+    ("changelist", "query"),
+    [
+        ("runs/run", "created_at__year=-1"),
+        ("runs/run", "created_at__year=99999999999999999999"),
+        ("workers/worker", "created_at__year=99999999999999999999"),
+        ("audit/event", "created_at__year=99999999999999999999"),
+        ("audit/event", "id__in=99999999999999999999"),
+    ],
+)
+def test_a_filter_value_the_database_cannot_take_is_a_bad_lookup_not_a_500(admin_client, changelist, query):
+    """A year out of range or an id beyond 64 bits passes Django's parameter checks and failed
+    when the list counted its rows (a 500 a viewer could provoke); it is Django's "bad lookup"
+    redirect now — or, where the store takes the value (PostgreSQL compares a 20-digit id as a
+    number), the list with no row."""
+    answer = admin_client.get(f"/admin/{changelist}/?{query}")
+    if answer.status_code == 200:
+        assert connection.vendor == "postgresql" and query.startswith("id__in"), answer.status_code
+        return
+    assert (answer.status_code, answer["Location"]) == (302, f"/admin/{changelist}/?e=1")
