@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import ParamSpec, TypeVar, overload
+from typing import ParamSpec, TypeVar, cast, overload
 
 import psycopg
 from django.db import (
@@ -49,6 +49,9 @@ from django.db import (
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg.abc import AdaptContext
+from psycopg.adapt import Dumper, PyFormat, Transformer
+from psycopg.pq import Format
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from core.conf import protocol
@@ -313,6 +316,52 @@ def _deallocate_all() -> None:
         raw.execute("DEALLOCATE ALL")
     except psycopg.Error:
         log.warning("could not deallocate this connection's prepared statements", exc_info=True)
+
+
+class Bound:
+    """A parameter dumped once, bound as those bytes on every call (:func:`bound`). Its class
+    carries the value's type ``oid`` and wire ``format`` (binary, or text for what psycopg dumps
+    as text, such as an empty list): one subclass per pair (:func:`_bound_class`)."""
+
+    __slots__ = ("data",)
+    oid: int = 0
+    format: Format = Format.BINARY
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+@functools.cache
+def _bound_class(oid: int, format: Format) -> type[Bound]:  # noqa: A002 - psycopg's name
+    return type(f"Bound{oid}{format.name.title()}", (Bound,), {"__slots__": (), "oid": oid, "format": format})
+
+
+class _BoundDumper(Dumper):
+    """psycopg's dumper of :class:`Bound`: the bytes as they are, under the type and format its
+    class carries (psycopg makes one dumper per class it meets)."""
+
+    format = Format.BINARY
+
+    def __init__(self, cls: type, context: AdaptContext | None = None) -> None:
+        super().__init__(cls, context)
+        kind = cast(type[Bound], cls)  # registered for Bound: psycopg meets its subclasses only
+        self.oid, self.format = kind.oid, kind.format
+
+    def dump(self, obj: Bound) -> bytes:
+        return obj.data
+
+
+psycopg.adapters.register_dumper(Bound, _BoundDumper)
+
+
+def bound(value: object) -> Bound:
+    """``value`` (any psycopg-adaptable value: a list becomes an array) dumped now, as psycopg
+    dumps a ``%b`` parameter of :func:`prepared_row`, for a value that repeats over many calls:
+    psycopg would otherwise inspect and dump it on each (it walks a list's elements in Python to
+    find their type). Raises psycopg's ``ProgrammingError`` if ``value`` cannot be adapted."""
+    dumper = Transformer(psycopg.adapters).get_dumper(value, PyFormat.BINARY)
+    data = dumper.dump(value)
+    return _bound_class(dumper.oid, Format(dumper.format))(b"" if data is None else bytes(data))
 
 
 def call_function(sql: str, params: list) -> tuple:

@@ -151,6 +151,23 @@ def _lease_columns() -> list[tuple[str, Callable[[Any], Any] | None]]:
     return [(field.attname, _json_reader(field)) for field in RunDispatchLease._meta.concrete_fields]
 
 
+def lease_loaded(values: dict[str, Any]) -> RunDispatchLease:
+    """A lease instance from its fields' values by attname (``values``; every field left out takes
+    its default), built as Django builds a row it loaded (``Model.from_db``, every field by
+    position): about a third of the CPU of the keyword constructor, for the leases a server
+    function wrote (a claim's offers). Raises KeyError for no field."""
+    return RunDispatchLease.from_db(
+        None,
+        (),
+        [values[field.attname] if field.attname in values else field.get_default() for field in _fields()],
+    )
+
+
+@functools.cache
+def _fields() -> tuple[models.Field, ...]:
+    return tuple(RunDispatchLease._meta.concrete_fields)
+
+
 def lease_from_json(row: dict[str, Any]) -> RunDispatchLease:
     """A lease instance from ``to_jsonb`` of its row (what the PostgreSQL lease functions return).
 

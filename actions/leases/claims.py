@@ -22,13 +22,13 @@ from django.db.models import Q
 from audit.models import ActorType
 from audit.recorder import record
 from core.conf import protocol
-from core.db import call_function, typed_call, write_path
+from core.db import Bound, bound, call_function, typed_call, write_path
 from core.errors import DomainError
 from leases.fence import (
     renew_interval,
     require_active,
 )
-from leases.models import LeaseState, ReleaseReason, RunDispatchLease
+from leases.models import LeaseState, ReleaseReason, RunDispatchLease, lease_loaded
 from leases.offers import Offer, execution_spec, spec_sha256
 from leases.settlement import settle_lease
 from leases.tokens import TOKEN, token_digest, token_matches
@@ -416,6 +416,9 @@ TEMPLATES_PER_CALL = 32
 _session_caps: dict[uuid.UUID, tuple[str, str]] = {}
 _class_scores: dict[str, dict[str, int | None]] = {}
 _templates: dict[uuid.UUID, str | None] = {}
+#: What :func:`_known` dumped, by the state of the two caches above it was dumped from.
+_bound_known: dict[tuple, tuple[Bound, ...]] = {}
+_BOUND_KNOWN_LIMIT = 64
 
 _CLAIM_SQL = typed_call(
     "ql_lease_claim",
@@ -479,6 +482,32 @@ def _learn_classes(capabilities_sha256: str, capabilities: str, classes: list[st
         scores[sha] = fit.score if fit is not None and fit.eligible else None
 
 
+def _known(scores: dict[str, int | None], templates: dict[uuid.UUID, str]) -> tuple[Bound, ...]:
+    """The claim's five parameters that say what this process knows — the placement classes
+    evaluated for the session's capabilities, the allowed ones and their scores, the recent
+    revisions' ids and templates — dumped once per state of that knowledge (``core.db.bound``):
+    psycopg would otherwise walk and dump the five arrays on every claim (about a tenth of a
+    claim → release loop's Python, docs/performance.md). ``ql_lease_claim`` looks a template up
+    by its revision id, so the set of revisions is the state, not their order of recent use. At
+    most :data:`_BOUND_KNOWN_LIMIT` states are kept (each holds up to ``TEMPLATES_PER_CALL``
+    template texts)."""
+    key = (tuple(scores.items()), frozenset(templates))
+    known = _bound_known.get(key)
+    if known is None:
+        allowed = [sha for sha, score in scores.items() if score is not None]
+        known = (
+            bound(list(scores)),
+            bound(allowed),
+            bound([scores[sha] for sha in allowed]),
+            bound(list(templates)),
+            bound(list(templates.values())),
+        )
+        if len(_bound_known) >= _BOUND_KNOWN_LIMIT:
+            _bound_known.clear()
+        _bound_known[key] = known
+    return known
+
+
 def _claim_in_database(
     *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
 ) -> list[Offer] | None:
@@ -508,7 +537,6 @@ def _claim_in_database(
         # caches meanwhile, and the answer is built after the function has committed the claim.
         scores = dict(_class_scores.get(caps[0], {}))
         templates = _recent_templates()
-        allowed = [sha for sha, score in scores.items() if score is not None]
         params: list[Any] = [
             worker_id,
             session_id,
@@ -516,11 +544,7 @@ def _claim_in_database(
             [o.offer_id for o in offers],
             digests,
             lease_ids,
-            list(scores),
-            allowed,
-            [scores[sha] for sha in allowed],
-            list(templates),
-            list(templates.values()),
+            *_known(scores, templates),
             secrets.token_hex(2),
             timedelta(seconds=settings.dispatch_timeout_seconds),
             timedelta(seconds=settings.dispatch_hold_seconds),
@@ -574,23 +598,24 @@ def _offer(
         .replace(str(_NUMBER_MARKER), str(item["number"]))
     )
     position = item["position"]
-    lease = RunDispatchLease(
-        id=lease_id,
-        attempt_id=uuid.UUID(item["attempt"]),
-        run_id=uuid.UUID(item["run"]),
-        worker_id=worker_id,
-        session_id=session_id,
-        session_generation=item["sessionGeneration"],
-        lease_generation=item["leaseGeneration"],
-        offer_id=offers[position].offer_id,
-        token_digest=digests[position],
-        version=0,
-        state=LeaseState.LEASED,
-        expires_at=datetime.fromisoformat(item["expires"]),
-        spec_sha256=item["spec"],
-        claimed_at=datetime.fromisoformat(item["claimed"]),
+    lease = lease_loaded(
+        {
+            "id": lease_id,
+            "attempt_id": uuid.UUID(item["attempt"]),
+            "run_id": uuid.UUID(item["run"]),
+            "worker_id": worker_id,
+            "session_id": session_id,
+            "session_generation": item["sessionGeneration"],
+            "lease_generation": item["leaseGeneration"],
+            "offer_id": offers[position].offer_id,
+            "token_digest": digests[position],
+            "version": 0,
+            "state": LeaseState.LEASED,
+            "expires_at": datetime.fromisoformat(item["expires"]),
+            "spec_sha256": item["spec"],
+            "claimed_at": datetime.fromisoformat(item["claimed"]),
+        }
     )
-    lease._state.adding = False
     return Offer(
         lease=lease, execution=json.loads(text), status="claimed", renew_interval_seconds=renew_interval()
     )

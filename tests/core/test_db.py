@@ -259,6 +259,31 @@ def test_pg_a_server_function_call_is_prepared_once_per_connection_and_other_que
     assert prepared == ["SELECT pg_catalog.abs($1::integer)"]
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        ([], "text[]"),
+        ([], "integer[]"),
+        ([], "uuid[]"),
+        ([3, None, -7, 2**31 - 1], "integer[]"),
+        ([2**40], "bigint[]"),
+        (['a"b\\c{}', "é, \u00e9", "", "NULL"], "text[]"),
+        ([uuid7(), uuid7()], "uuid[]"),
+        (timedelta(seconds=90.5), "interval"),
+    ],
+)
+def test_pg_a_bound_parameter_reads_back_as_the_value_bound_on_each_call(value, kind):
+    """``core.db.bound`` (dumped once, the claim's repeating arrays) binds what psycopg's own
+    dump of the value binds: the same value reads back, empty lists (which psycopg sends as text)
+    and quoting included, and both go through the same prepared statement."""
+    sql = f"SELECT %b::{kind}"
+    once = core.db.bound(value)
+    assert core.db.prepared_row(sql, [value]) == (value,)
+    assert core.db.prepared_row(sql, [once]) == (value,)
+    assert core.db.prepared_row(sql, [once]) == (value,)
+
+
 def _prepared_count() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_prepared_statements")

@@ -31,14 +31,13 @@ def calls(monkeypatch):
     """The templates sent with each ``ql_lease_claim`` call of this test (revision ids)."""
     monkeypatch.setattr(claims, "_templates", {})
     sent: list[list[uuid.UUID]] = []
-    real = claims.call_function
+    real = claims._known  # builds the parameters of each call: the templates among them, dumped
 
-    def recording(sql, params):
-        if sql == claims._CLAIM_SQL:
-            sent.append(list(params[9]))
-        return real(sql, params)
+    def recording(scores, templates):
+        sent.append(list(templates))
+        return real(scores, templates)
 
-    monkeypatch.setattr(claims, "call_function", recording)
+    monkeypatch.setattr(claims, "_known", recording)
     return sent
 
 
