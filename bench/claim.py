@@ -137,11 +137,18 @@ def main() -> int:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"ratios to pgbench (each to the mean of the runs before and after it: in-process "
-        f"{in_process_tps:.0f} tps, HTTP {http_tps:.0f} tps): in-process c16 100k "
+        f"{in_process_tps:.0f} tps"
+        + (f", HTTP {http_tps:.0f} tps" if http is not None else "")
+        + "): in-process c16 100k "
         f"{big.per_second / in_process_tps:.3f}x (target 0.25x), "
         f"1k {small.per_second / in_process_tps:.3f}x; "
         f"100k/1k {big.per_second / small.per_second:.2f} (target ≥ 0.90); "
-        f"HTTP loops {http_per_second / http_tps:.3f}x (target {HTTP_TARGET}x); load average {load}"
+        + (
+            f"HTTP loops {http_per_second / http_tps:.3f}x (target {HTTP_TARGET}x)"
+            if http is not None
+            else "HTTP loops not measured (--skip-http)"
+        )
+        + f"; load average {load}"
     )
     print(
         f"claims_per_s_c16_{_label(BACKLOGS[1])}={big.per_second:.1f} "
