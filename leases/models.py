@@ -155,17 +155,22 @@ def lease_loaded(values: dict[str, Any]) -> RunDispatchLease:
     """A lease instance from its fields' values by attname (``values``; every field left out takes
     its default), built as Django builds a row it loaded (``Model.from_db``, every field by
     position): about a third of the CPU of the keyword constructor, for the leases a server
-    function wrote (a claim's offers). Raises KeyError for no field."""
+    function wrote (a claim's offers). Raises TypeError for a key that names no field, as the
+    constructor does."""
+    fields, attnames = _fields()
+    if not values.keys() <= attnames:
+        raise TypeError(f"RunDispatchLease has no field {sorted(values.keys() - attnames)[0]!r}")
     return RunDispatchLease.from_db(
         None,
         (),
-        [values[field.attname] if field.attname in values else field.get_default() for field in _fields()],
+        [values[field.attname] if field.attname in values else field.get_default() for field in fields],
     )
 
 
 @functools.cache
-def _fields() -> tuple[models.Field, ...]:
-    return tuple(RunDispatchLease._meta.concrete_fields)
+def _fields() -> tuple[tuple[models.Field, ...], frozenset[str]]:
+    fields = tuple(RunDispatchLease._meta.concrete_fields)
+    return fields, frozenset(field.attname for field in fields)
 
 
 def lease_from_json(row: dict[str, Any]) -> RunDispatchLease:

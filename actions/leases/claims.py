@@ -416,9 +416,12 @@ TEMPLATES_PER_CALL = 32
 _session_caps: dict[uuid.UUID, tuple[str, str]] = {}
 _class_scores: dict[str, dict[str, int | None]] = {}
 _templates: dict[uuid.UUID, str | None] = {}
-#: What :func:`_known` dumped, by the state of the two caches above it was dumped from.
-_bound_known: dict[tuple, tuple[Bound, ...]] = {}
-_BOUND_KNOWN_LIMIT = 64
+#: What :func:`_known` dumped: the class parameters by the scores, the template parameters by
+#: the set of revisions they were dumped from.
+_bound_scores: dict[tuple, tuple[Bound, ...]] = {}
+_bound_templates: dict[frozenset, tuple[Bound, ...]] = {}
+_BOUND_SCORES_LIMIT = 1024
+_BOUND_TEMPLATES_LIMIT = 64
 
 _CLAIM_SQL = typed_call(
     "ql_lease_claim",
@@ -485,27 +488,37 @@ def _learn_classes(capabilities_sha256: str, capabilities: str, classes: list[st
 def _known(scores: dict[str, int | None], templates: dict[uuid.UUID, str]) -> tuple[Bound, ...]:
     """The claim's five parameters that say what this process knows — the placement classes
     evaluated for the session's capabilities, the allowed ones and their scores, the recent
-    revisions' ids and templates — dumped once per state of that knowledge (``core.db.bound``):
-    psycopg would otherwise walk and dump the five arrays on every claim (about a tenth of a
-    claim → release loop's Python, docs/performance.md). ``ql_lease_claim`` looks a template up
-    by its revision id, so the set of revisions is the state, not their order of recent use. At
-    most :data:`_BOUND_KNOWN_LIMIT` states are kept (each holds up to ``TEMPLATES_PER_CALL``
-    template texts)."""
-    key = (tuple(scores.items()), frozenset(templates))
-    known = _bound_known.get(key)
-    if known is None:
+    revisions' ids and templates — each dumped once per state of that knowledge
+    (``core.db.bound``): psycopg would otherwise walk and dump the five arrays on every claim
+    (about a tenth of a claim → release loop's Python, docs/performance.md).
+
+    The scores are kept by their content (one state per capabilities snapshot the process has
+    seen); the templates by the set of revisions (``ql_lease_claim`` looks a template up by its
+    revision id, so their order of recent use is not a state). Each store keeps its most recent
+    states: :data:`_BOUND_SCORES_LIMIT` (a few class digests each) and
+    :data:`_BOUND_TEMPLATES_LIMIT` (up to ``TEMPLATES_PER_CALL`` texts each)."""
+    key = tuple(scores.items())
+    classes = _bound_scores.get(key)
+    if classes is None:
         allowed = [sha for sha, score in scores.items() if score is not None]
-        known = (
-            bound(list(scores)),
-            bound(allowed),
-            bound([scores[sha] for sha in allowed]),
-            bound(list(templates)),
-            bound(list(templates.values())),
-        )
-        if len(_bound_known) >= _BOUND_KNOWN_LIMIT:
-            _bound_known.clear()
-        _bound_known[key] = known
-    return known
+        classes = (bound(list(scores)), bound(allowed), bound([scores[sha] for sha in allowed]))
+        _keep(_bound_scores, key, classes, _BOUND_SCORES_LIMIT)
+    revisions = frozenset(templates)
+    texts = _bound_templates.get(revisions)
+    if texts is None:
+        texts = (bound(list(templates)), bound(list(templates.values())))
+        _keep(_bound_templates, revisions, texts, _BOUND_TEMPLATES_LIMIT)
+    return (*classes, *texts)
+
+
+def _keep(store: dict, key, value, limit: int) -> None:
+    """``store[key] = value``, the oldest entry evicted first once ``store`` holds ``limit``."""
+    while len(store) >= limit:
+        try:
+            del store[next(iter(store))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread changed it meanwhile
+            break
+    store[key] = value
 
 
 def _claim_in_database(
