@@ -490,7 +490,7 @@ def _known(scores: dict[str, int | None], templates: dict[uuid.UUID, str]) -> tu
     evaluated for the session's capabilities, the allowed ones and their scores, the recent
     revisions' ids and templates — each dumped once per state of that knowledge
     (``core.db.bound``): psycopg would otherwise walk and dump the five arrays on every claim
-    (about a tenth of a claim → release loop's Python, docs/performance.md).
+    (about 6 % of the instructions of a claim → release loop in its process, docs/performance.md).
 
     The scores are kept by their content (one state per capabilities snapshot the process has
     seen); the templates by the set of revisions (``ql_lease_claim`` looks a template up by its
