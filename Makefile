@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: chromium run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving bench-logs bench-dispatch chaos lint clean
+.PHONY: chromium valgrind run test test-sqlite test-postgres bench-heartbeat bench-claim bench-agent bench-serving bench-logs bench-dispatch bench-instructions chaos lint clean
 
 $(VENV)/.base: requirements/base.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,17 @@ bench-agent: $(VENV)/.dev
 BENCH_PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong_bench
 bench-claim: $(VENV)/.dev
 	$(PY) bench/claim.py --pg-url $(BENCH_PG_URL) $(ARGS)
+
+## bench-instructions: instructions per claim -> release loop and per signed claim loop (in process), counted
+## by valgrind's callgrind: the same count whatever else the machine does, for changes of a few per cent
+## that the timed benchmarks cannot tell from their noise; wipes the QingLong tables of $(BENCH_INSTR_PG_URL)
+BENCH_INSTR_PG_URL ?= postgres://postgres@127.0.0.1:5432/qinglong_instructions_bench
+bench-instructions: $(VENV)/.dev valgrind
+	$(PY) bench/instructions.py --pg-url $(BENCH_INSTR_PG_URL) $(ARGS)
+
+## valgrind: Debian's, for bench-instructions
+valgrind:
+	@command -v valgrind >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y valgrind; }
 
 ## bench-logs: log throughput per worker (MiB/s), one append's statements and CPU, and claims/s with 16 jobs
 ## logging vs none (alternating windows of one run, with the CPU the loggers take), in-process and

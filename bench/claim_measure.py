@@ -36,15 +36,20 @@ class Claimer:
     generation: int
 
 
-def reset_and_load(backlog: int, claimers: int) -> list[Claimer]:
-    """Truncate every QingLong table, create one task revision, ``claimers`` workers with a live
-    session each, and a backlog of exactly ``backlog`` queued runs with their first attempt."""
+def wipe() -> None:
+    """Truncate every QingLong table the claim benchmarks fill."""
     with connection.cursor() as cursor:
         cursor.execute(
             "TRUNCATE leases_rundispatchlease, runs_runattempt, runs_run, runs_taskrevision, runs_task, "
             "audit_event, workers_workersession, workers_workercredential, workers_enrollmenttoken, "
             "workers_worker CASCADE"
         )
+
+
+def reset_and_load(backlog: int, claimers: int) -> list[Claimer]:
+    """Truncate every QingLong table, create one task revision, ``claimers`` workers with a live
+    session each, and a backlog of exactly ``backlog`` queued runs with their first attempt."""
+    wipe()
     revision = task_create(
         name="bench-claim",
         spec=RevisionSpec(executor="shell", command="true", timeout_seconds=60),
