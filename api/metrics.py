@@ -109,6 +109,12 @@ def _allowed(request: HttpRequest) -> bool:
     return any(address in ipaddress.ip_network(net, strict=False) for net in settings.QINGLONG_METRICS_ALLOW)
 
 
+#: Expositions tried when a process's metric file is removed between the collector listing the
+#: files and reading them (``manage.py serve`` forgets dead processes' files when a replica
+#: starts; a scrape at that moment answered 500): each try lists the files afresh.
+_SCRAPE_TRIES = 3
+
+
 @never_cache
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
@@ -125,4 +131,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
     registry.register(DatabaseGauges())
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    for tries_left in range(_SCRAPE_TRIES - 1, -1, -1):
+        try:
+            return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+        except FileNotFoundError:  # a dead process's file went between listing and reading
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover

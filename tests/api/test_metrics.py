@@ -13,9 +13,11 @@ import re
 import urllib.request
 
 import pytest
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from actions.enrollment import enrollment_token_create, worker_create
+from core.metrics import HTTP_REQUESTS
 from runs.models import Run
 from tests.agent.processes import ROOT, Agent, ControlPlane, wait_for
 from tests.helpers import enqueue, make_revision
@@ -58,6 +60,27 @@ def test_metrics_are_refused_outside_the_allowlist_without_the_token(client, set
     assert client.get("/metrics").status_code == 200  # loopback is in the default allowlist
     settings.QINGLONG_METRICS_TOKEN = ""
     assert client.get("/metrics", headers={"authorization": "Bearer "}, **outsider).status_code == 403
+
+
+@pytest.mark.django_db
+def test_a_metric_file_removed_while_it_is_read_does_not_fail_the_scrape(client, monkeypatch):
+    """serve forgets dead processes' files when a replica starts (``forget_dead_processes``); a
+    scrape that listed such a file and then could not open it answered 500 (seen in a clean-clone
+    test run, two control planes sharing one metrics folder). The scrape lists the files afresh."""
+    real = MmapedDict.read_all_values_from_file
+    failed: list[str] = []
+
+    def vanishing(filename):
+        if not failed:
+            failed.append(filename)
+            raise FileNotFoundError(2, "No such file or directory", filename)
+        return real(filename)
+
+    HTTP_REQUESTS.labels(endpoint="/test", method="GET", status="200").inc()  # at least one file
+    monkeypatch.setattr(MmapedDict, "read_all_values_from_file", staticmethod(vanishing))
+    answer = client.get("/metrics")
+    assert failed and answer.status_code == 200
+    assert "qinglong_http_requests_total" in answer.content.decode()
 
 
 @pytest.mark.django_db(transaction=True)
