@@ -91,70 +91,69 @@ def _claim_child(pg_url: str, loops: int) -> None:
         claim_measure.release(claimer, lease, token)
 
 
-def _signed_child(pg_url: str, loops: int) -> None:
-    import json  # noqa: PLC0415
-    import secrets  # noqa: PLC0415
+class _InProcessClient:
+    """What the HTTP loop asks of ``agent.client.Client``, served by Django's WSGI handler in this
+    process: ``post`` signs as the agent signs and answers the JSON (SystemExit on anything but
+    200)."""
 
+    def __init__(self, handler, key_id: str, key) -> None:
+        self.handler, self.key_id, self.key = handler, key_id, key
+        self.status = ""
+
+    def _start_response(self, line: str, headers, *args) -> None:
+        self.status = line
+
+    def post(self, path: str, body: dict) -> dict:
+        import json  # noqa: PLC0415
+
+        import signed_path  # noqa: PLC0415  (bench/signed_path.py: the in-process request harness)
+
+        from protocol import strictjson  # noqa: PLC0415
+        from protocol.signer import sign_request  # noqa: PLC0415
+
+        raw = strictjson.dumps(body)
+        headers = sign_request(method="POST", path=path, body=raw, key_id=self.key_id, private_key=self.key)
+        result = self.handler(signed_path.environ(path, raw, headers), self._start_response)
+        answer = b"".join(result)
+        result.close()  # request_finished, as a WSGI server does
+        if not self.status.startswith("200"):
+            raise SystemExit(f"{path}: {self.status} {answer[:300]!r}")
+        return json.loads(answer)
+
+
+def _signed_child(pg_url: str, loops: int) -> None:
     import signed_path  # noqa: PLC0415  (bench/signed_path.py: the in-process request harness)
 
     os.environ["QINGLONG_DISPATCH_HOLD_SECONDS"] = "0"  # a run enqueued just now is claimable at once
     signed_path.configure(pg_url, os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     import claim_measure  # noqa: PLC0415  (bench/claim_measure.py: imports Django models)
+    import heartbeat  # noqa: PLC0415  (bench/heartbeat.py: BenchWorker)
     from cryptography.hazmat.primitives.serialization import (  # noqa: PLC0415
         Encoding,
         NoEncryption,
         PrivateFormat,
     )
     from django.core.handlers.wsgi import WSGIHandler  # noqa: PLC0415
+    from http_claims import _loop as claim_loop  # noqa: PLC0415  (bench-claim's HTTP loop)
 
-    from protocol import strictjson, wire  # noqa: PLC0415
-    from protocol.ids import uuid7  # noqa: PLC0415
-    from protocol.signer import WorkerKey, sign_request  # noqa: PLC0415
+    from protocol.signer import WorkerKey  # noqa: PLC0415
     from tests.helpers import enqueue, enrolled_worker, make_revision, register  # noqa: PLC0415
 
     claim_measure.wipe()  # each child starts from the same empty tables
-    worker = enrolled_worker()
-    session = register(worker)
-    key = WorkerKey.from_pem(worker.key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    enrolled = enrolled_worker()
+    session = register(enrolled)
+    key = WorkerKey.from_pem(enrolled.key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
     revision = make_revision()
     for _ in range(WARM_UP + 500):  # as many whatever the loops: the fixture cancels out
         enqueue(revision)
-    handler = WSGIHandler()
-    status: list[str] = []
-
-    def start_response(line: str, headers, *args) -> None:
-        status[:] = [line]
-
-    def post(path: str, body: dict) -> dict:
-        raw = strictjson.dumps(body)
-        headers = sign_request(
-            method="POST", path=path, body=raw, key_id=worker.credential_id, private_key=key
-        )
-        result = handler(signed_path.environ(path, raw, headers), start_response)
-        answer = b"".join(result)
-        result.close()  # request_finished, as a WSGI server does
-        if not status[0].startswith("200"):
-            raise SystemExit(f"{path}: {status[0]} {answer[:300]!r}")
-        return json.loads(answer)
-
-    fence = {"sessionId": str(session.session_id), "generation": session.generation}
+    worker = heartbeat.BenchWorker(
+        client=_InProcessClient(WSGIHandler(), enrolled.credential_id, key),
+        session_id=str(session.session_id),
+        generation=session.generation,
+    )
     for _ in range(WARM_UP + loops):
-        token, offer = secrets.token_urlsafe(32), str(uuid7())
-        claimed = post(wire.CLAIM, {**fence, "offers": [{"offerId": offer, "leaseToken": token}]})
-        lease = claimed["offers"][0]["lease"]
-        held = {
-            **fence,
-            "attemptId": lease["attemptId"],
-            "leaseGeneration": lease["leaseGeneration"],
-            "leaseToken": token,
-        }
-        ack = post(wire.LEASE_STARTING, {**held, "leaseVersion": lease["leaseVersion"], "offerId": offer})
-        version = ack["lease"]["leaseVersion"]
-        post(
-            wire.LEASE_RUNNING,
-            {**held, "leaseVersion": version, "offerId": offer, "pid": 4242, "executorHandle": "bench"},
-        )
-        post(wire.LEASE_COMPLETE, {**held, "sequence": 1, "outcome": "succeeded", "exitCode": 0})
+        if not claim_loop(worker):
+            raise SystemExit("a signed claim found no work")
 
 
 def main() -> int:
