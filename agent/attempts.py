@@ -103,6 +103,8 @@ class AttemptRunner(threading.Thread):
         #: Set once the starting ACK was answered or given up on (the claim loop's next request
         #: waits for it, so that the ACK does not queue behind it at the control plane).
         self.acknowledged = threading.Event()
+        #: Set when this attempt's completion started the next attempt in its slot (its next claim).
+        self.refilled = False
         self.execution: Execution | None = None
         #: This attempt's own work directory: the job's cwd and the root of its artifact globs.
         self.work_dir = agent.settings.work_dir / str(uuid.UUID(offer["lease"]["attemptId"]))
@@ -167,7 +169,7 @@ class AttemptRunner(threading.Thread):
             # The artifacts were uploaded and the completion reported (or the attempt abandoned,
             # its process stopped): nothing of this attempt needs its files any more.
             shutil.rmtree(self.work_dir, ignore_errors=True)
-            self.agent.runner_done(self.lease["attemptId"])
+            self.agent.runner_done(self.lease["attemptId"], refilled=self.refilled)
 
     def _renew(self, *, patience: float) -> m.AckAnswer:
         """Renew the lease. If an earlier try's answer was lost after the server committed it,
@@ -301,27 +303,50 @@ class AttemptRunner(threading.Thread):
         if not self._settle_output(execution):
             return
         lease_deadline = self._lease_deadline
-        completion: m.Complete = {
-            **self._fence(),
-            "sequence": 1,
-            "outcome": result.outcome,
-            "exitCode": result.exit_code,
-            "stdoutTail": result.stdout_tail,
-            "stderrTail": result.stderr_tail,
-        }
+        claims = self.agent.claims
+        offers = claims.next_offers()
+        completion = cast(
+            m.Complete,
+            {
+                **self._fence(),
+                "sequence": 1,
+                "outcome": result.outcome,
+                "exitCode": result.exit_code,
+                "stdoutTail": result.stdout_tail,
+                "stderrTail": result.stderr_tail,
+                **({"next": {"offers": offers}} if offers else {}),
+            },
+        )
         try:
-            answer = cast(
-                m.CompleteAnswer,
-                self.agent.call(
-                    wire.LEASE_COMPLETE,
-                    completion,
-                    patience=max(1.0, lease_deadline + lost_after - time.monotonic()),
-                ),
-            )
+            answer = self._complete(completion, lease_deadline + lost_after)
         except (ApiError, TransportError) as exc:
             log.error("attempt %s: completion not accepted: %s", attempt_id, exc)
             return
         log.info("attempt %s: %s (exit %s)", attempt_id, answer["outcome"], result.exit_code)
+        if "next" in completion:
+            self.refilled = claims.take_next(answer.get("next"), offers) > 0
+
+    def _complete(self, completion: m.Complete, deadline: float) -> m.CompleteAnswer:
+        """Send the completion, retried until ``deadline`` (the hard deadline, ``time.monotonic``).
+        A control plane that refuses its ``next`` claim as an unknown field (an older one) gets it
+        again without, and no completion carries one from then on. Raises like ``Agent.call``."""
+        try:
+            return cast(
+                m.CompleteAnswer,
+                self.agent.call(
+                    wire.LEASE_COMPLETE, completion, patience=max(1.0, deadline - time.monotonic())
+                ),
+            )
+        except ApiError as exc:
+            if "next" not in completion or exc.code != "validation_failed" or exc.field != "next":
+                raise
+        log.info("the control plane takes no next claim with a completion: claiming separately from now on")
+        self.agent.claims.next_claims = False
+        del completion["next"]
+        return cast(
+            m.CompleteAnswer,
+            self.agent.call(wire.LEASE_COMPLETE, completion, patience=max(1.0, deadline - time.monotonic())),
+        )
 
     def _settle_output(self, execution: Execution) -> bool:
         """After the job: send the rest of its log, then upload its declared artifacts, renewing

@@ -22,6 +22,12 @@ back to short polling for good.
 **Short polling** (``--no-long-poll``, or the fallback): an empty answer lengthens the wait
 (×1.5 up to ``Settings.poll_max``); an offer, or a runner finishing, wakes the loop at once.
 
+**The next claim (docs/leases.md, "The next claim").** A runner that completes its attempt while
+the session is online asks, in the completion itself, for work for the slot it frees
+(``next_offers``, ``take_next``): a busy agent then goes from one attempt to the next without a
+claim of its own in between, and its waiting claim is not cut short for that slot. A control
+plane that refuses the field (400 naming ``next``) is asked separately from then on.
+
 ``session_draining`` marks the session draining (no more claims until a heartbeat answers it
 online again); ``capacity_exhausted`` and ``rate_limited`` wait quietly.
 """
@@ -36,6 +42,7 @@ from typing import TYPE_CHECKING, cast
 
 from protocol import messages as m
 from protocol import wire
+from protocol.errors import CATALOGUE
 from protocol.ids import uuid7
 
 from .attempts import AttemptRunner
@@ -65,6 +72,8 @@ class Claims:
         self._interrupted = threading.Event()
         self._in_flight = False
         self._watch_only = False
+        #: Whether completions carry the next claim (off for good once the control plane refuses it).
+        self.next_claims = True
 
     def _offers(self, free: int) -> list[m.OfferRequest]:
         return [
@@ -113,6 +122,30 @@ class Claims:
             log.info("claim not answered: %s", exc)
         elif exc.code not in ("capacity_exhausted", "rate_limited"):
             log.error("claim refused: %s", exc)
+
+    def next_offers(self) -> list[m.OfferRequest]:
+        """The offer a completing runner sends for the slot it frees: one, or none when the
+        session is not online, the agent is stopping or the control plane takes no next claim."""
+        agent = self.agent
+        if not self.next_claims or agent.session.state != "online" or agent.shutdown_requested.is_set():
+            return []
+        return self._offers(1)
+
+    def take_next(self, answer: m.NextClaimAnswer | None, offers: list[m.OfferRequest]) -> int:
+        """Start what a completion's next claim answered (``answer``, for ``offers``); returns how
+        many attempts it started. A refusal is taken as a claim's (``session_draining`` marks
+        the session draining); the claim loop offers the slot again either way."""
+        if answer is None:
+            return 0
+        refused = answer.get("refused")
+        if refused is not None:
+            spec = CATALOGUE.get(refused["code"])
+            self._refused(ApiError(spec.status if spec else 409, refused["code"], refused["message"]))
+            return 0
+        started = self._start(answer["offers"], offers)
+        if started:
+            log.info("a completion's next claim started %d attempt(s)", started)
+        return started
 
     def wait_once(self) -> int | None:
         """One waiting claim; returns how many attempts it started, or None when it did not wait

@@ -153,11 +153,14 @@ class Agent:
             self._runners[runner.lease["attemptId"]] = runner
         runner.start()
 
-    def runner_done(self, attempt_id: str) -> None:
+    def runner_done(self, attempt_id: str, *, refilled: bool = False) -> None:
+        """A runner ended; ``refilled`` when its completion's next claim already started an
+        attempt in its slot (nothing for the claim loop to offer then)."""
         with self._runners_lock:
             self._runners.pop(attempt_id, None)
         self.wake.set()
-        self.claims.interrupt(watch_only=True)  # a watch without offers: offer the freed slot now
+        if not refilled:
+            self.claims.interrupt(watch_only=True)  # a watch without offers: offer the freed slot now
 
     # --- lifecycle -------------------------------------------------------------------------
 

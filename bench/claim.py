@@ -169,13 +169,14 @@ def _http_loops(http_claims, args: argparse.Namespace, clients: int):
     """The signed-HTTP loops and the CPU each party spent on one (``bench/http_claims.py``)."""
     print(
         f"signed HTTP, manage.py serve (cluster-control), {clients} workers: "
-        "claim → starting → running → complete"
+        "offer → starting → running → complete carrying the next claim"
     )
     http = http_claims.measure(args.pg_url, clients=clients, seconds=args.seconds, backlog=args.http_backlog)
     print(
         f"  c={clients} loops/s {http.per_second:8.1f}   p50 {http.p50_ms:7.2f} ms   "
         f"p99 {http.p99_ms:7.2f} ms   "
-        f"({http.loops} loops, {http.empty} empty claims; 4 signed calls per loop)",
+        f"({http.loops} loops, {http.empty} empty claims; 3 signed calls per loop, "
+        f"and a claim for each worker's first)",
         flush=True,
     )
     per_loop = http.cpu.per_loop_ms(http.loops)

@@ -178,6 +178,9 @@ class BenchWorker:
     generation: int = 0
     version: int = 0
     latencies: list[float] = field(default_factory=list)
+    #: The offer the last completion's next claim brought (answer, lease token, offer id), for
+    #: bench-claim's loops (bench/http_claims.py); None when the next attempt needs a claim.
+    next_offer: tuple[dict, str, str] | None = None
 
     def fence(self) -> dict:
         return {"sessionId": self.session_id, "generation": self.generation}

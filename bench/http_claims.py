@@ -3,8 +3,10 @@
 nonces and rate limits at ``REDIS_URL``; the worker rate limit lifted).
 
 Each of ``clients`` workers (one thread each, its own keep-alive connection, signing every request
-exactly as the agent does with ``agent.client``) loops: claim one offer → starting ACK → running
-ACK → complete ``succeeded`` — four signed calls, the whole life of an attempt. A loop completes a
+exactly as the agent does with ``agent.client``) loops over the whole life of an attempt: its
+offer → starting ACK → running ACK → complete ``succeeded``, the completion carrying the next
+claim as the agent's does (docs/leases.md, "The next claim") — three signed calls per attempt
+while the backlog lasts, and a claim of its own only for a worker's first. A loop completes a
 run, so the backlog is sized to outlast the measurement. Imported by bench/claim.py once
 ``django.setup()`` has run (it loads the backlog through ``claim_measure``).
 
@@ -74,16 +76,27 @@ class HttpFigures:
         return sum(self.cpu.per_loop_ms(self.loops).values())
 
 
-def start_attempt(worker: hb.BenchWorker) -> dict | None:
-    """Claim one offer over HTTP and send its starting and running ACKs: the lease fence of the
-    running attempt, or None when the claim found no work."""
+def _offer() -> tuple[str, dict]:
+    """A fresh lease token and the offer that carries it."""
     token = secrets.token_urlsafe(32)
-    offer_id = str(uuid7())
+    return token, {"offerId": str(uuid7()), "leaseToken": token}
+
+
+def start_attempt(worker: hb.BenchWorker) -> dict | None:
+    """Take the offer the worker's last completion claimed, or claim one over HTTP, and send its
+    starting and running ACKs: the lease fence of the running attempt, or None when the claim
+    found no work."""
     fence = worker.fence()
-    answer = worker.client.post(wire.CLAIM, {**fence, "offers": [{"offerId": offer_id, "leaseToken": token}]})
-    if not answer["offers"]:
-        return None
-    lease = answer["offers"][0]["lease"]
+    if worker.next_offer is not None:
+        (claimed, token, offer_id), worker.next_offer = worker.next_offer, None
+    else:
+        token, offer = _offer()
+        offer_id = offer["offerId"]
+        answer = worker.client.post(wire.CLAIM, {**fence, "offers": [offer]})
+        if not answer["offers"]:
+            return None
+        claimed = answer["offers"][0]
+    lease = claimed["lease"]
     held = {
         **fence,
         "attemptId": lease["attemptId"],
@@ -107,11 +120,19 @@ def start_attempt(worker: hb.BenchWorker) -> dict | None:
 
 
 def _loop(worker: hb.BenchWorker) -> bool:
-    """One claim → starting → running → complete; False when the claim found no work."""
+    """One attempt's life: its offer (from the last completion's next claim, else a claim) →
+    starting → running → complete carrying the next claim, as the agent sends it; False when
+    there was no work."""
     held = start_attempt(worker)
     if held is None:
         return False
-    worker.client.post(wire.LEASE_COMPLETE, {**held, "sequence": 1, "outcome": "succeeded", "exitCode": 0})
+    token, offer = _offer()
+    answer = worker.client.post(
+        wire.LEASE_COMPLETE,
+        {**held, "sequence": 1, "outcome": "succeeded", "exitCode": 0, "next": {"offers": [offer]}},
+    )
+    offers = answer["next"]["offers"]
+    worker.next_offer = (offers[0], token, offer["offerId"]) if offers else None
     return True
 
 

@@ -17,7 +17,8 @@ alone, so that start-up, imports and fixtures cancel out:
 * ``claim_release_instructions``: one claimer's ``lease_claim`` → ``lease_release`` loop in
   process over a 1k backlog (``claim_measure``: what bench-claim's claimers run), counted in
   the claimer's process — its Python, psycopg and libpq; PostgreSQL's side is not counted;
-* ``signed_loop_instructions``: claim → starting ACK → running ACK → complete through Django's
+* ``signed_loop_instructions``: bench-claim's HTTP loop (offer → starting ACK → running ACK →
+  complete carrying the next claim; a claim of its own only for the first) through Django's
   WSGI handler in process (the real middleware, the hot endpoints, the cluster-control profile
   with Redis), the client's JSON and signing included (as ``bench/signed_path.py`` does): the
   request threads' work of bench-claim's HTTP loop, without Granian, the event loop and the
@@ -185,7 +186,7 @@ def main() -> int:
     print(f"claim → release, one claimer in process: {claim_release:.3f}M instructions per loop", flush=True)
     signed = per_loop(args.pg_url, "signed", args.signed_loops)
     print(
-        f"claim → starting → running → complete through Django in process, signing included: "
+        f"offer → starting → running → complete + next claim through Django in process, signing included: "
         f"{signed:.3f}M instructions per loop",
         flush=True,
     )

@@ -9,8 +9,8 @@ workers (bench/heartbeat.py). Two client processes, so that the loggers' client-
 signing, JSON) is measured apart from the claimers' — in production the agents run elsewhere:
 
 * **claimers** (one process, a thread and a keep-alive connection per worker): the loop of
-  bench/http_claims.py, claim → starting → running → complete ``succeeded`` (four signed calls,
-  the whole life of an attempt); each completed loop is stamped;
+  bench/http_claims.py, offer → starting → running → complete ``succeeded`` carrying the next
+  claim (three signed calls, the whole life of an attempt); each completed loop is stamped;
 * **loggers** (another process, a thread and a connection per worker): each worker holds a
   RUNNING lease (claimed, starting and running ACKed over HTTP before the measurement) and posts
   one full chunk a second to ``POST /api/v1/worker/lease/log`` — 32 KiB in a stdout and a stderr

@@ -160,14 +160,23 @@ class StartFailed(Ack):
     reason: str
 
 
+class NextClaim(TypedDict):
+    """A completion's claim for the slot it frees (docs/leases.md, "The next claim"): offers as
+    a claim's, 1 to ``wire.MAX_OFFERS_PER_CLAIM``."""
+
+    offers: list[OfferRequest]
+
+
 class Complete(LeaseFence):
-    """``POST lease/complete``: ``outcome`` is ``succeeded``, ``failed``, ``timed_out`` or ``cancelled``."""
+    """``POST lease/complete``: ``outcome`` is ``succeeded``, ``failed``, ``timed_out`` or ``cancelled``;
+    ``next`` claims work for the slot the attempt frees, after the completion committed."""
 
     sequence: int
     outcome: str
     exitCode: int | None
     stdoutTail: NotRequired[str]
     stderrTail: NotRequired[str]
+    next: NotRequired[NextClaim]
 
 
 class Lease(TypedDict):
@@ -248,11 +257,28 @@ class AckAnswer(TypedDict):
     cancelRequested: bool
 
 
+class Refusal(TypedDict):
+    """Why a part of a call that was otherwise answered was refused: an error code of the
+    catalogue (``protocol.errors``) and its message."""
+
+    code: str
+    message: str
+
+
+class NextClaimAnswer(TypedDict):
+    """What a completion's next claim answered: the offers claimed (maybe none), or ``refused``
+    with the code a claim would have been refused with (the completion stands either way)."""
+
+    offers: list[Offer]
+    refused: NotRequired[Refusal]
+
+
 class CompleteAnswer(TypedDict):
     attemptId: str
     leaseGeneration: int
     sequence: int
     outcome: str
+    next: NotRequired[NextClaimAnswer]
 
 
 class LogSegment(TypedDict):

@@ -64,35 +64,36 @@ class OfferRequest:
     lease_token: str
 
 
-def check_offers(offers: list[OfferRequest]) -> None:
+def check_offers(offers: list[OfferRequest], *, at: str = "offers") -> None:
     """The shape rules of a claim's offers (1 to ``MAX_OFFERS_PER_CLAIM``, UUID offer ids, lease
     tokens of at least 128 bits, no offer id or token twice), kept here so that no caller can skip
-    them; the waiting claim runs them before it waits (docs/leases.md, "Waiting claims").
+    them; the waiting claim runs them before it waits (docs/leases.md, "Waiting claims"), a
+    completion's next claim before it completes. ``at``: where the offers are in the body.
     Raises DomainError ``validation_failed`` naming the field (``offers[i].offerId``, …)."""
     if not 1 <= len(offers) <= MAX_OFFERS_PER_CLAIM:
-        raise DomainError("validation_failed", f"1 to {MAX_OFFERS_PER_CLAIM} offers", field="offers")
+        raise DomainError("validation_failed", f"1 to {MAX_OFFERS_PER_CLAIM} offers", field=at)
     seen_ids: set[uuid.UUID] = set()
     seen_tokens: set[str] = set()
     for index, request in enumerate(offers):
         if not isinstance(request.offer_id, uuid.UUID):
-            raise DomainError("validation_failed", "must be a UUID", field=f"offers[{index}].offerId")
+            raise DomainError("validation_failed", "must be a UUID", field=f"{at}[{index}].offerId")
         if not isinstance(request.lease_token, str) or not TOKEN.match(request.lease_token):
             raise DomainError(
                 "validation_failed",
                 "must be base64url of at least 128 bits",
-                field=f"offers[{index}].leaseToken",
+                field=f"{at}[{index}].leaseToken",
             )
         if request.offer_id in seen_ids:
             raise DomainError(
                 "validation_failed",
                 "an offer id appears twice in one claim",
-                field=f"offers[{index}].offerId",
+                field=f"{at}[{index}].offerId",
             )
         if request.lease_token in seen_tokens:
             raise DomainError(
                 "validation_failed",
                 "a lease token appears twice in one claim",
-                field=f"offers[{index}].leaseToken",
+                field=f"{at}[{index}].leaseToken",
             )
         seen_ids.add(request.offer_id)
         seen_tokens.add(request.lease_token)

@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from actions.leases.activation import START_FAILURES
 from actions.leases.completion import OUTCOMES, CompletionResult
+from actions.leases.next_claim import NextClaim
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
 from api.workers.serializers import FenceSerializer, SessionOutSerializer
 from leases.fence import AckResult
@@ -88,12 +89,24 @@ class TailField(StrictCharField):
         return value
 
 
+class NextClaimSerializer(StrictSerializer):
+    """A completion's claim for the slot it frees (docs/leases.md, "The next claim")."""
+
+    offers = OfferRequestSerializer(  # type: ignore[call-arg]
+        many=True, min_length=1, max_length=MAX_OFFERS_PER_CLAIM
+    )
+
+
 class CompleteSerializer(LeaseFenceSerializer):
     sequence = StrictIntegerField(min_value=1, max_value=2**31 - 1)
     outcome = serializers.ChoiceField(choices=list(OUTCOMES))
     exitCode = StrictIntegerField(min_value=-255, max_value=255, allow_null=True)
     stdoutTail = TailField()
     stderrTail = TailField()
+    next = NextClaimSerializer(
+        required=False,
+        help_text="claim work for the slot this attempt frees, once the completion is recorded",
+    )
 
 
 class LeaseOutSerializer(serializers.Serializer):
@@ -122,11 +135,24 @@ class AckOutSerializer(serializers.Serializer):
     cancelRequested = serializers.BooleanField()
 
 
+class RefusalOutSerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="an error code of the catalogue (docs/errors.md)")
+    message = serializers.CharField()
+
+
+class NextClaimOutSerializer(serializers.Serializer):
+    offers = OfferOutSerializer(many=True)
+    refused = RefusalOutSerializer(
+        required=False, help_text="the claim was refused (the completion stands): why"
+    )
+
+
 class CompleteOutSerializer(serializers.Serializer):
     attemptId = serializers.UUIDField()
     leaseGeneration = serializers.IntegerField()
     sequence = serializers.IntegerField()
     outcome = serializers.CharField()
+    next = NextClaimOutSerializer(required=False, help_text="present when the request had ``next``")
 
 
 # --- answers ---------------------------------------------------------------------------------
@@ -171,14 +197,23 @@ def ack_out(result: AckResult) -> messages.AckAnswer:
     }
 
 
-def complete_out(result: CompletionResult) -> messages.CompleteAnswer:
-    """The completion's answer (``CompleteOutSerializer``)."""
-    return {
+def complete_out(result: CompletionResult, next_claim: NextClaim | None = None) -> messages.CompleteAnswer:
+    """The completion's answer, with what its next claim answered when it carried one
+    (``CompleteOutSerializer``)."""
+    answer: messages.CompleteAnswer = {
         "attemptId": str(result.attempt_id),
         "leaseGeneration": result.lease_generation,
         "sequence": result.sequence,
         "outcome": result.outcome,
     }
+    if next_claim is not None:
+        answer["next"] = {"offers": [offer_out(offer) for offer in next_claim.offers]}
+        if next_claim.refused is not None:
+            answer["next"]["refused"] = {
+                "code": next_claim.refused.code,
+                "message": next_claim.refused.message,
+            }
+    return answer
 
 
 class WaitSecondsField(serializers.FloatField):

@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from actions.leases.activation import lease_running, lease_start_failed, lease_starting
 from actions.leases.claims import OfferRequest, lease_claim
 from actions.leases.completion import Completion, lease_complete
+from actions.leases.next_claim import lease_complete_and_claim
 from actions.leases.renewal import lease_release, lease_renew
 from api.base import WorkerAPIView, validated
 from core.conf import protocol
@@ -96,21 +97,26 @@ class ReleaseView(WorkerAPIView):
 
 
 class CompleteView(WorkerAPIView):
-    """Report the attempt's result; an identical resend is an exact replay."""
+    """Report the attempt's result; an identical resend is an exact replay. With ``next``, claim
+    work for the slot it frees once the result is recorded (docs/leases.md, "The next claim")."""
 
     max_body_bytes = wire.BODY_LIMITS[wire.LEASE_COMPLETE]
 
     @extend_schema(request=s.CompleteSerializer, responses={200: s.CompleteOutSerializer})
     def post(self, request):
         data = validated(s.CompleteSerializer, request)
-        result = lease_complete(
-            **self.lease_fence(data),
-            completion=Completion(
-                sequence=data["sequence"],
-                outcome=data["outcome"],
-                exit_code=data["exitCode"],
-                stdout_tail=data["stdoutTail"],
-                stderr_tail=data["stderrTail"],
-            ),
+        completion = Completion(
+            sequence=data["sequence"],
+            outcome=data["outcome"],
+            exit_code=data["exitCode"],
+            stdout_tail=data["stdoutTail"],
+            stderr_tail=data["stderrTail"],
         )
-        return Response(s.complete_out(result))
+        if "next" not in data:
+            return Response(s.complete_out(lease_complete(**self.lease_fence(data), completion=completion)))
+        result, next_claim = lease_complete_and_claim(
+            **self.lease_fence(data),
+            completion=completion,
+            offers=[OfferRequest(o["offerId"], o["leaseToken"]) for o in data["next"]["offers"]],
+        )
+        return Response(s.complete_out(result, next_claim))

@@ -102,3 +102,29 @@ def test_agent_runs_real_jobs_restarts_as_generation_2_and_drains(enrolled_agent
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_busy_agent_goes_from_one_attempt_to_the_next_with_its_completions(enrolled_agent, tmp_path):
+    """docs/leases.md, "The next claim": with one slot and a backlog, every attempt after the first
+    is claimed by the completion of the one before it, and every run succeeds once."""
+    _, state = enrolled_agent
+    revision = make_revision(command="echo chained")
+    runs = [enqueue(revision) for _ in range(4)]
+    log_path = tmp_path / "agent.log"
+    with log_path.open("wb") as log_file:
+        process = agent(state, "run", "--max-concurrent", "1", "--drain-timeout", "10", stderr=log_file)
+    try:
+
+        def all_succeeded():
+            return Run.objects.filter(pk__in=[r.pk for r in runs], state="succeeded").count() == len(runs)
+
+        wait_for(all_succeeded, what="the four runs")
+        assert {run.attempts.count() for run in Run.objects.filter(pk__in=[r.pk for r in runs])} == {1}
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    chained = log_path.read_text().count("a completion's next claim started 1 attempt(s)")
+    assert chained == len(runs) - 1, log_path.read_text()[-3000:]

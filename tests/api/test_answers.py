@@ -18,8 +18,10 @@ from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
 from actions.leases.completion import CompletionResult
+from actions.leases.next_claim import NextClaim
 from api.leases import serializers as lease_s
 from api.workers import serializers as worker_s
+from core.errors import DomainError
 from leases.fence import AckResult
 from leases.models import RunDispatchLease
 from leases.offers import Offer
@@ -167,6 +169,33 @@ def test_the_completion_answer_is_what_its_serializer_documents():
         }
     ).data
     assert _rendered(lease_s.complete_out(result)) == _rendered(documented)
+
+
+@pytest.mark.parametrize("at", TIMES[:2])
+@pytest.mark.parametrize("refused", [None, DomainError("session_draining", "the session is draining")])
+def test_the_completion_answer_with_its_next_claim_is_what_its_serializer_documents(at, refused):
+    result = CompletionResult(attempt_id=uuid.uuid4(), lease_generation=1, sequence=1, outcome="succeeded")
+    offers = [] if refused else [Offer(_lease(at, 1), {"kind": "x"}, "claimed", 5)]
+    next_documented: dict = {
+        "offers": [
+            {"status": o.status, "lease": _documented_lease(o.lease, 5), "execution": o.execution}
+            for o in offers
+        ]
+    }
+    if refused:
+        next_documented["refused"] = {"code": refused.code, "message": refused.message}
+    with timezone.override(UTC):
+        documented = lease_s.CompleteOutSerializer(
+            {
+                "attemptId": result.attempt_id,
+                "leaseGeneration": result.lease_generation,
+                "sequence": result.sequence,
+                "outcome": result.outcome,
+                "next": next_documented,
+            }
+        ).data
+    built = lease_s.complete_out(result, NextClaim(offers, refused))
+    assert _rendered(built) == _rendered(documented)
 
 
 def test_answers_are_in_utc_whatever_timezone_is_active(steady_jitter):

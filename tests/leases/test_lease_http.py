@@ -140,3 +140,72 @@ def test_claim_replay_rebuilds_the_same_offer_and_another_token_conflicts(client
     conflict = api.post(wire.CLAIM, other)
     assert conflict.status_code == 409 and conflict.json()["code"] == "lease_offer_conflict"
     assert conflict.json()["field"] == "offers[0].offerId"
+
+
+def next_offer() -> tuple[OfferTicket, dict]:
+    ticket = OfferTicket()
+    return ticket, {"offerId": str(ticket.offer_id), "leaseToken": ticket.token}
+
+
+def test_a_completion_with_next_answers_its_result_and_the_next_offer(started):
+    api, _, _, run, fence = started
+    queued = enqueue(make_revision(command="echo next"))
+    ticket, offer = next_offer()
+    done = api.post(wire.LEASE_COMPLETE, complete_body(fence, next={"offers": [offer]}))
+    assert done.status_code == 200, done.json()
+    answer = done.json()
+    assert answer["outcome"] == "succeeded" and "refused" not in answer["next"]
+    [claimed] = answer["next"]["offers"]
+    assert claimed["status"] == "claimed" and claimed["lease"]["offerId"] == str(ticket.offer_id)
+    assert claimed["execution"]["runId"] == str(queued.pk) and claimed["execution"]["command"] == "echo next"
+    assert Run.objects.get(pk=run.pk).state == "succeeded"
+    assert Run.objects.get(pk=queued.pk).state == "dispatching"
+    assert "next" not in api.post(wire.LEASE_COMPLETE, complete_body(fence)).json()  # a plain replay
+
+
+def test_a_completion_whose_next_claim_is_refused_still_answers_its_result(started):
+    api, session, worker, run, fence = started
+    queued = enqueue(make_revision())
+    drained = api.post(wire.SESSION_DRAIN, {**session.fence(), "expectedVersion": session.version})
+    assert drained.status_code == 200, drained.json()
+    done = api.post(wire.LEASE_COMPLETE, complete_body(fence, next={"offers": [next_offer()[1]]}))
+    assert done.status_code == 200, done.json()
+    assert done.json()["next"]["offers"] == []
+    assert done.json()["next"]["refused"]["code"] == "session_draining"
+    assert Run.objects.get(pk=run.pk).state == "succeeded"
+    assert Run.objects.get(pk=queued.pk).state == "queued"
+
+
+@pytest.mark.parametrize(
+    ("next_claim", "field"),
+    [
+        ({"offers": []}, "next.offers"),
+        ({"offers": [{"offerId": "not-a-uuid", "leaseToken": "A" * 43}]}, "next.offers[0].offerId"),
+        (
+            {"offers": [{"offerId": str(OfferTicket().offer_id), "leaseToken": "short"}]},
+            "next.offers[0].leaseToken",
+        ),
+        ({"offers": [], "wait": 1}, "next.wait"),
+        ([], "next"),
+    ],
+)
+def test_a_malformed_next_claim_is_a_400_naming_the_field_and_completes_nothing(started, next_claim, field):
+    api, *_, fence = started
+    enqueue(make_revision())
+    before = lease_rows()
+    answer = api.post(wire.LEASE_COMPLETE, complete_body(fence, next=next_claim))
+    assert answer.status_code == 400, answer.json()
+    assert (answer.json()["code"], answer.json()["field"]) == ("validation_failed", field)
+    assert lease_rows() == before
+
+
+def test_an_offer_twice_in_the_next_claim_is_a_400_and_completes_nothing(started):
+    api, *_, fence = started
+    _, offer = next_offer()
+    before = lease_rows()
+    answer = api.post(
+        wire.LEASE_COMPLETE, complete_body(fence, next={"offers": [offer, {**offer, "leaseToken": "C" * 43}]})
+    )
+    assert answer.status_code == 400, answer.json()
+    assert (answer.json()["code"], answer.json()["field"]) == ("validation_failed", "next.offers[1].offerId")
+    assert lease_rows() == before

@@ -23,9 +23,12 @@ from django.test import TestCase
 from django.test.utils import CaptureQueriesContext
 
 from actions.leases import completion
+from actions.leases.claims import OfferRequest
+from actions.leases.next_claim import lease_complete_and_claim
 from actions.sessions.heartbeat import session_heartbeat
-from tests.helpers import enqueue, enrolled_worker, make_revision, register, repository_queries
+from tests.helpers import OfferTicket, enqueue, enrolled_worker, make_revision, register, repository_queries
 from tests.leases.flows import claim_one, complete, release, renew, running, start, starting
+from tests.leases.flows import completion as completion_of
 from tests.logs.flows import append_segments
 
 pytestmark = pytest.mark.django_db
@@ -39,6 +42,7 @@ BUDGETS = {
     "renew": (1, 10),
     "complete": (2, 14),  # PostgreSQL: + its wake-up (as the release)
     "complete_learning": (3, 14),  # PostgreSQL: the running ACK went to another replica
+    "complete_and_claim": (3, 29),  # a completion, its wake-up and a claim (docs/leases.md)
     "heartbeat": (1, 2),
     "heartbeat_write": (1, 7),
     "append_first": (2, 12),  # the first chunk of an attempt in this process (PostgreSQL: + its state)
@@ -93,6 +97,18 @@ def test_a_renewal_and_a_completion_stay_within_their_budgets(warm):
     result, statements = counted(lambda: complete(held))
     assert result.outcome == "succeeded"
     assert len(statements) <= budget("complete"), statements
+
+
+def test_a_completion_carrying_the_next_claim_costs_a_completion_and_a_claim(warm):
+    held = start(claim_one(warm))
+    ticket = OfferTicket()
+    (result, next_claim), statements = counted(
+        lambda: lease_complete_and_claim(
+            **held.fence(), completion=completion_of(), offers=[OfferRequest(ticket.offer_id, ticket.token)]
+        )
+    )
+    assert result.outcome == "succeeded" and len(next_claim.offers) == 1
+    assert len(statements) <= budget("complete_and_claim"), statements
 
 
 def test_a_completion_whose_running_ack_this_process_did_not_see_stays_within_its_budget(warm):

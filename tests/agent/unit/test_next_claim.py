@@ -1,0 +1,96 @@
+"""The agent's next claims without a server (docs/leases.md, "The next claim"): a completing runner
+offers its slot in the completion, starts what the answer claimed, takes a refusal as a claim's,
+and against an older control plane (400 naming ``next``) completes without it from then on."""
+
+from __future__ import annotations
+
+import time
+
+from agent.attempts import AttemptRunner
+from agent.client import ApiError
+from protocol import wire
+from tests.agent.unit.test_long_poll import make_agent
+
+ATTEMPT = "0190a0a0-0000-7000-8000-000000000001"
+
+
+def offer(attempt_id: str = ATTEMPT, offer_id: str = "o-1") -> dict:
+    return {
+        "status": "claimed",
+        "execution": {"env": {}},
+        "lease": {
+            "attemptId": attempt_id,
+            "leaseGeneration": 1,
+            "leaseVersion": 0,
+            "offerId": offer_id,
+            "renewIntervalSeconds": 2,
+        },
+    }
+
+
+def completion_body(**extra) -> dict:
+    return {"sessionId": "s-1", "generation": 1, "attemptId": ATTEMPT, "sequence": 1, "outcome": "succeeded",
+            "exitCode": 0, **extra}  # fmt: skip
+
+
+def answer(**extra) -> dict:
+    return {"attemptId": ATTEMPT, "leaseGeneration": 1, "sequence": 1, "outcome": "succeeded", **extra}
+
+
+def test_an_online_agent_offers_one_slot_and_none_while_draining_or_stopping(tmp_path):
+    agent, _ = make_agent(tmp_path, {}, max_concurrent=4)
+    [offered] = agent.claims.next_offers()
+    assert offered["offerId"] and len(offered["leaseToken"]) >= 22
+    agent.session.mark_draining()
+    assert agent.claims.next_offers() == []
+    agent2, _ = make_agent(tmp_path / "b", {})
+    agent2.shutdown_requested.set()
+    assert agent2.claims.next_offers() == []
+
+
+def test_what_the_next_claim_answered_is_started(tmp_path):
+    agent, _ = make_agent(tmp_path, {})
+    started: list[AttemptRunner] = []
+    agent.start_runner = started.append  # type: ignore[method-assign]
+    offers = agent.claims.next_offers()
+    claimed = offer(offer_id=offers[0]["offerId"])
+    began = time.monotonic()
+    assert agent.claims.take_next({"offers": [claimed]}, offers) == 1
+    [runner] = started
+    assert runner.lease == claimed["lease"] and runner._token == offers[0]["leaseToken"]
+    assert time.monotonic() - began < 5  # bounded wait for the (never sent) starting ACK
+
+
+def test_a_refused_next_claim_is_taken_as_a_claims_refusal(tmp_path):
+    agent, _ = make_agent(tmp_path, {})
+    offers = agent.claims.next_offers()
+    refused = {"offers": [], "refused": {"code": "session_draining", "message": "draining"}}
+    assert agent.claims.take_next(refused, offers) == 0
+    assert agent.session.state == "draining"
+    assert agent.claims.take_next({"offers": []}, offers) == 0
+    assert agent.claims.take_next(None, offers) == 0
+
+
+def test_an_older_control_plane_gets_the_completion_again_without_next_and_no_next_claims_after(tmp_path):
+    older = ApiError(400, "validation_failed", "unknown field", "next")
+    agent, client = make_agent(tmp_path, {wire.LEASE_COMPLETE: [older, answer()]})
+    runner = AttemptRunner(agent, offer(), "t" * 43)  # type: ignore[arg-type]
+    body = completion_body(next={"offers": agent.claims.next_offers()})
+    assert runner._complete(body, time.monotonic() + 30) == answer()  # type: ignore[arg-type]
+    [(_, first, _), (_, second, _)] = client.calls
+    assert "next" not in second and {k: v for k, v in first.items() if k != "next"} == second
+    assert agent.claims.next_claims is False and agent.claims.next_offers() == []
+
+
+def test_any_other_refusal_of_a_completion_is_raised_as_it_was(tmp_path):
+    refused = ApiError(400, "validation_failed", "bad", "next.offers[0].offerId")
+    agent, client = make_agent(tmp_path, {wire.LEASE_COMPLETE: [refused]})
+    runner = AttemptRunner(agent, offer(), "t" * 43)  # type: ignore[arg-type]
+    body = completion_body(next={"offers": agent.claims.next_offers()})
+    try:
+        runner._complete(body, time.monotonic() + 30)  # type: ignore[arg-type]
+    except ApiError as exc:
+        assert exc is refused
+    else:
+        raise AssertionError("the refusal was not raised")
+    assert len(client.calls) == 1 and agent.claims.next_claims is True

@@ -1,0 +1,117 @@
+"""A completion that carries the next claim (docs/leases.md, "The next claim"): the result is
+recorded first and stands whatever the claim does; a malformed offer refuses the whole call with
+nothing written; a resend replays both halves."""
+
+from __future__ import annotations
+
+import pytest
+
+from actions.leases.claims import OfferRequest
+from actions.leases.next_claim import lease_complete_and_claim
+from actions.sessions.shutdown import session_drain
+from core.errors import DomainError
+from leases.models import RunDispatchLease
+from runs.models import Run
+from tests.helpers import OfferTicket, enqueue, enrolled_worker, make_revision, register
+from tests.leases.flows import Held, claim_one, completion, lease_rows, start
+
+pytestmark = pytest.mark.django_db
+
+
+def running(max_concurrent: int = 1) -> tuple[Held, Run]:
+    """A session of ``max_concurrent`` slots running one attempt, and a second run queued."""
+    session = register(enrolled_worker(), max_concurrent=max_concurrent)
+    revision = make_revision()
+    enqueue(revision)
+    held = start(claim_one(session))
+    return held, enqueue(revision)
+
+
+def complete_and_claim(held: Held, *tickets: OfferTicket, **changes):
+    return lease_complete_and_claim(
+        **held.fence(**changes),
+        completion=completion(),
+        offers=[OfferRequest(t.offer_id, t.token) for t in tickets],
+    )
+
+
+def test_the_completion_is_recorded_then_the_freed_slot_claims_the_next_run():
+    held, queued = running(max_concurrent=1)  # the next claim fits only once the slot is free
+    ticket = OfferTicket()
+    result, next_claim = complete_and_claim(held, ticket)
+    assert (result.outcome, next_claim.refused) == ("succeeded", None)
+    assert held.lease().state == "completed"
+    [offer] = next_claim.offers
+    assert (offer.status, offer.lease.run_id, offer.lease.offer_id) == ("claimed", queued.pk, ticket.offer_id)
+    assert Run.objects.get(pk=queued.pk).state == "dispatching"
+
+
+def test_no_runnable_work_answers_no_offers_and_no_refusal():
+    session = register(enrolled_worker())
+    enqueue(make_revision())
+    held = start(claim_one(session))
+    result, next_claim = complete_and_claim(held, OfferTicket())
+    assert result.outcome == "succeeded"
+    assert (next_claim.offers, next_claim.refused) == ([], None)
+
+
+def test_a_draining_session_records_the_completion_and_answers_the_claims_refusal():
+    held, queued = running()
+    session = held.session
+    session_drain(
+        worker_id=session.worker.worker_id,
+        session_id=session.session_id,
+        generation=session.generation,
+        expected_version=session.version,
+    )
+    result, next_claim = complete_and_claim(held, OfferTicket())
+    assert result.outcome == "succeeded" and held.lease().state == "completed"
+    assert next_claim.offers == [] and next_claim.refused is not None
+    assert next_claim.refused.code == "session_draining"
+    assert Run.objects.get(pk=queued.pk).state == "queued"
+
+
+def test_a_refused_completion_claims_nothing():
+    held, queued = running()
+    with pytest.raises(DomainError) as refused:
+        complete_and_claim(held, OfferTicket(), lease_token=OfferTicket().token)
+    assert refused.value.code == "lease_token_mismatch"
+    assert held.lease().state == "leased"
+    assert Run.objects.get(pk=queued.pk).state == "queued"
+
+
+@pytest.mark.parametrize("bad", ["duplicate offer id", "duplicate token", "no offers"])
+def test_a_malformed_offer_refuses_the_whole_call_naming_its_field_and_writes_nothing(bad):
+    held, _ = running(max_concurrent=2)
+    first = OfferTicket()
+    offers = {
+        "duplicate offer id": [first, OfferTicket(offer_id=first.offer_id)],
+        "duplicate token": [first, OfferTicket(token=first.token)],
+        "no offers": [],
+    }[bad]
+    before = lease_rows()
+    with pytest.raises(DomainError) as refused:
+        complete_and_claim(held, *offers)
+    assert refused.value.code == "validation_failed"
+    assert (
+        refused.value.field
+        == {
+            "duplicate offer id": "next.offers[1].offerId",
+            "duplicate token": "next.offers[1].leaseToken",
+            "no offers": "next.offers",
+        }[bad]
+    )
+    assert lease_rows() == before
+
+
+def test_a_resend_replays_the_completion_and_the_same_offer():
+    held, queued = running()
+    ticket = OfferTicket()
+    first_result, first = complete_and_claim(held, ticket)
+    leases = RunDispatchLease.objects.count()
+    again_result, again = complete_and_claim(held, ticket)
+    assert again_result == first_result
+    [offer] = again.offers
+    assert offer.status == "idempotent"
+    assert (offer.lease.pk, offer.lease.run_id) == (first.offers[0].lease.pk, queued.pk)
+    assert RunDispatchLease.objects.count() == leases
