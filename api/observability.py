@@ -72,6 +72,18 @@ def _worker_outcome(response: HttpResponse, call: str) -> str:
     return "ok"
 
 
+def _next_claim_outcome(response: HttpResponse) -> str | None:
+    """A completion's next claim (docs/leases.md, "The next claim") counted as the claim it is:
+    ``offered``, ``empty`` or the code it was refused with; None when the completion carried none."""
+    data = getattr(response, "data", None)
+    if response.status_code >= 400 or not isinstance(data, dict) or "next" not in data:
+        return None
+    next_claim = data["next"]
+    if "refused" in next_claim:
+        return str(next_claim["refused"]["code"])
+    return "offered" if next_claim["offers"] else "empty"
+
+
 class ObservabilityMiddleware:
     """Sync and async: the waiting endpoints' handler (``qinglong.asgi``) runs it on the event loop."""
 
@@ -128,6 +140,8 @@ class ObservabilityMiddleware:
                 call = call.removeprefix(prefix)
             call = _CALL_ALIASES.get(call, call)
             WORKER_CALLS.labels(call=call, outcome=_worker_outcome(response, call)).inc()
+            if call == "complete" and (next_claim := _next_claim_outcome(response)) is not None:
+                WORKER_CALLS.labels(call="claim", outcome=next_claim).inc()
         worker, user = _principal(request)
         access_log.info(
             "%s %s %s %.1fms worker=%s user=%s request_id=%s",

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 
+from core.metrics import WORKER_CALLS
 from leases.models import RunDispatchLease
 from protocol import wire
 from runs.models import Run, RunAttempt
@@ -142,6 +143,11 @@ def test_claim_replay_rebuilds_the_same_offer_and_another_token_conflicts(client
     assert conflict.json()["field"] == "offers[0].offerId"
 
 
+def claims_counted(outcome: str) -> float:
+    """``qinglong_worker_calls_total{call="claim", outcome=…}`` as this process counted it."""
+    return WORKER_CALLS.labels(call="claim", outcome=outcome)._value.get()
+
+
 def next_offer() -> tuple[OfferTicket, dict]:
     ticket = OfferTicket()
     return ticket, {"offerId": str(ticket.offer_id), "leaseToken": ticket.token}
@@ -151,8 +157,10 @@ def test_a_completion_with_next_answers_its_result_and_the_next_offer(started):
     api, _, _, run, fence = started
     queued = enqueue(make_revision(command="echo next"))
     ticket, offer = next_offer()
+    offered = claims_counted("offered")
     done = api.post(wire.LEASE_COMPLETE, complete_body(fence, next={"offers": [offer]}))
     assert done.status_code == 200, done.json()
+    assert claims_counted("offered") == offered + 1  # the metrics count it as the claim it is
     answer = done.json()
     assert answer["outcome"] == "succeeded" and "refused" not in answer["next"]
     [claimed] = answer["next"]["offers"]
@@ -168,10 +176,12 @@ def test_a_completion_whose_next_claim_is_refused_still_answers_its_result(start
     queued = enqueue(make_revision())
     drained = api.post(wire.SESSION_DRAIN, {**session.fence(), "expectedVersion": session.version})
     assert drained.status_code == 200, drained.json()
+    refused = claims_counted("session_draining")
     done = api.post(wire.LEASE_COMPLETE, complete_body(fence, next={"offers": [next_offer()[1]]}))
     assert done.status_code == 200, done.json()
     assert done.json()["next"]["offers"] == []
     assert done.json()["next"]["refused"]["code"] == "session_draining"
+    assert claims_counted("session_draining") == refused + 1
     assert Run.objects.get(pk=run.pk).state == "succeeded"
     assert Run.objects.get(pk=queued.pk).state == "queued"
 
