@@ -46,7 +46,7 @@ from protocol.errors import CATALOGUE
 from protocol.ids import uuid7
 
 from .attempts import AttemptRunner
-from .calls import transient
+from .calls import classify, transient
 from .client import ApiError, TransportError
 
 if TYPE_CHECKING:
@@ -134,13 +134,22 @@ class Claims:
     def take_next(self, answer: m.NextClaimAnswer | None, offers: list[m.OfferRequest]) -> int:
         """Start what a completion's next claim answered (``answer``, for ``offers``); returns how
         many attempts it started. A refusal is taken as a claim's (``session_draining`` marks
-        the session draining); the claim loop offers the slot again either way."""
+        the session draining; a fence or credential code stops the agent, as any call's does);
+        what was claimed after the agent began to stop is released, not started."""
         if answer is None:
             return 0
         refused = answer.get("refused")
         if refused is not None:
             spec = CATALOGUE.get(refused["code"])
-            self._refused(ApiError(spec.status if spec else 409, refused["code"], refused["message"]))
+            exc = ApiError(spec.status if spec else 409, refused["code"], refused["message"])
+            stop = classify(exc)  # a fenced session or a refused credential ends the agent, as in a call
+            if stop is not None:
+                self.agent.fail(stop)
+            else:
+                self._refused(exc)
+            return 0
+        if self.agent.shutdown_requested.is_set() or self.agent.session.state != "online":
+            self._hand_back(answer["offers"], offers)  # stopping meanwhile: start nothing new
             return 0
         started = self._start(answer["offers"], offers)
         if started:
@@ -203,6 +212,29 @@ class Claims:
             if runner is not None:
                 runner.cancel()
         return self._start(answer["offers"], offers)
+
+    def _hand_back(self, answered: list[m.Offer], offers: list[m.OfferRequest]) -> None:
+        """Release what a claim answered after the agent began to stop (an attempt not started
+        goes back to the queue at once, not after its dispatch timeout). Best effort: a lease
+        not released lapses, and the control plane dispatches the attempt again."""
+        tokens = {offer["offerId"]: offer["leaseToken"] for offer in offers}
+        for offer in answered:
+            lease = offer["lease"]
+            body = {
+                **self.agent.session.fence(),
+                "attemptId": lease["attemptId"],
+                "leaseGeneration": lease["leaseGeneration"],
+                "leaseToken": tokens[lease["offerId"]],
+                "leaseVersion": lease["leaseVersion"],
+            }
+            try:
+                self.agent.call(wire.LEASE_RELEASE, body, patience=5.0)
+            except (ApiError, TransportError) as exc:
+                log.info(
+                    "attempt %s claimed while stopping, not released (%s): it lapses", lease["attemptId"], exc
+                )
+            else:
+                log.info("attempt %s claimed while stopping: released", lease["attemptId"])
 
     def interrupt(self, *, watch_only: bool) -> None:
         """Cut the waiting claim in flight short: only a watch (``watch_only``), or any (stopping)."""

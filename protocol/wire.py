@@ -25,18 +25,22 @@ LEASE_COMPLETE = API_PREFIX + "lease/complete"
 LOG_APPEND = API_PREFIX + "lease/log"
 ARTIFACT_UPLOAD = API_PREFIX + "lease/artifact"
 
+#: Output tails sent with a completion (bytes of UTF-8 after replacement of invalid sequences).
+OUTPUT_TAIL_BYTES = 8 * 1024
+#: Bytes JSON may spend on one byte of text: a control character is written ``\u00XX``.
+JSON_ESCAPE_FACTOR = 6
+
 #: Request body limits in bytes, enforced before parsing (413 ``body_too_large``).
-#: Registration carries the 16 KiB snapshot plus envelope; completion carries two output tails.
+#: Registration carries the 16 KiB snapshot plus envelope; completion carries two output tails,
+#: each as large as JSON may write it (a job's coloured output is mostly escape sequences), plus
+#: the fences and a next claim's offers.
 BODY_LIMITS = {
     SESSION_REGISTER: 20 * 1024,
-    LEASE_COMPLETE: 24 * 1024,
+    LEASE_COMPLETE: 2 * OUTPUT_TAIL_BYTES * JSON_ESCAPE_FACTOR + 4 * 1024,
     LOG_APPEND: 64 * 1024,
     ARTIFACT_UPLOAD: 64 * 1024,
 }
 DEFAULT_BODY_LIMIT = 4 * 1024
-
-#: Output tails sent with a completion (bytes of UTF-8 after replacement of invalid sequences).
-OUTPUT_TAIL_BYTES = 8 * 1024
 #: Largest log chunk (raw bytes before base64; docs/logs.md): with base64 and the fences it fits
 #: the LOG_APPEND body limit.
 LOG_CHUNK_BYTES = 32 * 1024

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from core.dependencies import dependency_error
 from core.errors import DomainError
 from leases.offers import Offer
 
@@ -43,8 +44,9 @@ def lease_complete_and_claim(
     commit or an exact replay), :func:`lease_claim` in its own: the claim runs under the same
     session fence after the completion, so it sees the capacity the attempt freed. The
     completion's answer stands whatever the claim does: a claim refusal (``session_draining``,
-    ``capacity_exhausted``, a fence code, ``lease_offer_conflict``, ``lock_timeout``…) is answered
-    in ``NextClaim.refused``, not raised. A resent call replays both: the completion exactly, the
+    ``capacity_exhausted``, a fence code, ``lease_offer_conflict``, ``lock_timeout``, or the 503 of
+    a database that failed it: ``core.dependencies``) is answered in ``NextClaim.refused``, not
+    raised. A resent call replays both: the completion exactly, the
     offers as a claim replays them (the same leases, ``idempotent``).
 
     Raises: ``validation_failed`` naming ``next.offers…`` before anything is written, and
@@ -66,4 +68,11 @@ def lease_complete_and_claim(
         )
     except DomainError as refusal:
         return result, NextClaim([], refusal)
+    except Exception as exc:
+        # The completion is committed: a database that fails the claim must not make it look
+        # refused (the worker would resend it until its hard deadline). Its 503 is the refusal.
+        unavailable = dependency_error(exc)
+        if unavailable is None:
+            raise
+        return result, NextClaim([], unavailable)
     return result, NextClaim(claimed)

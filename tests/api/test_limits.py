@@ -46,7 +46,7 @@ def test_an_oversized_body_is_refused_before_authentication_and_parsing(client, 
     [
         (wire.SESSION_HEARTBEAT, 4 * 1024),
         (wire.SESSION_REGISTER, 20 * 1024),
-        (wire.LEASE_COMPLETE, 24 * 1024),
+        (wire.LEASE_COMPLETE, 100 * 1024),
         (wire.CLAIM, 4 * 1024),
         (wire.ENROLL, 4 * 1024),
         (wire.ROTATE_KEY, 4 * 1024),

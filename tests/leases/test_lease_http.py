@@ -8,7 +8,7 @@ import pytest
 
 from core.metrics import WORKER_CALLS
 from leases.models import RunDispatchLease
-from protocol import wire
+from protocol import strictjson, wire
 from runs.models import Run, RunAttempt
 from tests.helpers import OfferTicket, SignedClient, enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import lease_rows
@@ -219,3 +219,17 @@ def test_an_offer_twice_in_the_next_claim_is_a_400_and_completes_nothing(started
     assert answer.status_code == 400, answer.json()
     assert (answer.json()["code"], answer.json()["field"]) == ("validation_failed", "next.offers[1].offerId")
     assert lease_rows() == before
+
+
+def test_a_completion_of_the_largest_tails_json_can_write_is_taken_with_its_next_claim(started):
+    """Review of the next claim, finding 7: a job's coloured output is mostly control characters,
+    which JSON writes as six bytes each; two full tails of them, the fences and a next claim's
+    eight offers must fit the completion's body limit, or the result is lost with a 413."""
+    api, _, _, run, fence = started
+    tail = "\x1b" * wire.OUTPUT_TAIL_BYTES
+    offers = [next_offer()[1] for _ in range(wire.MAX_OFFERS_PER_CLAIM)]
+    body = complete_body(fence, stdoutTail=tail, stderrTail=tail, next={"offers": offers})
+    assert len(strictjson.dumps(body)) > 96 * 1024
+    done = api.post(wire.LEASE_COMPLETE, body)
+    assert done.status_code == 200, done.json()
+    assert RunAttempt.objects.get(run=run).stdout_tail == tail

@@ -5,7 +5,9 @@ nothing written; a resend replays both halves."""
 from __future__ import annotations
 
 import pytest
+from django.db import OperationalError
 
+from actions.leases import next_claim
 from actions.leases.claims import OfferRequest
 from actions.leases.next_claim import lease_complete_and_claim
 from actions.sessions.shutdown import session_drain
@@ -115,3 +117,29 @@ def test_a_resend_replays_the_completion_and_the_same_offer():
     assert offer.status == "idempotent"
     assert (offer.lease.pk, offer.lease.run_id) == (first.offers[0].lease.pk, queued.pk)
     assert RunDispatchLease.objects.count() == leases
+
+
+def test_a_database_failing_the_claim_is_its_refusal_and_the_completion_stands(monkeypatch):
+    """Review finding 3: the completion is committed when the claim runs; a database error there
+    must not answer 503 for the whole call (the worker would resend a recorded completion until
+    its hard deadline). Any other error still propagates."""
+    held, queued = running()
+
+    def unreachable(**_):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(next_claim, "lease_claim", unreachable)
+    result, answered = complete_and_claim(held, OfferTicket())
+    assert result.outcome == "succeeded" and held.lease().state == "completed"
+    assert answered.offers == [] and answered.refused is not None
+    assert answered.refused.code == "database_unavailable"
+    assert Run.objects.get(pk=queued.pk).state == "queued"
+
+    held2, _ = running()
+
+    def broken(**_):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(next_claim, "lease_claim", broken)
+    with pytest.raises(RuntimeError):
+        complete_and_claim(held2, OfferTicket())

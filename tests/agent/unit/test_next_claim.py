@@ -94,3 +94,31 @@ def test_any_other_refusal_of_a_completion_is_raised_as_it_was(tmp_path):
     else:
         raise AssertionError("the refusal was not raised")
     assert len(client.calls) == 1 and agent.claims.next_claims is True
+
+
+def test_what_a_next_claim_brought_after_shutdown_began_is_released_not_started(tmp_path):
+    """Review finding 1: the completion was sent before SIGTERM; its answer must not start a job."""
+    released = {"status": "released", "lease": {}, "cancelRequested": False}
+    agent, client = make_agent(tmp_path, {wire.LEASE_RELEASE: [released]})
+    started: list[AttemptRunner] = []
+    agent.start_runner = started.append  # type: ignore[method-assign]
+    offers = agent.claims.next_offers()
+    agent.request_shutdown()
+    assert agent.claims.take_next({"offers": [offer(offer_id=offers[0]["offerId"])]}, offers) == 0
+    assert started == []
+    [(path, body, _)] = client.calls
+    assert path == wire.LEASE_RELEASE
+    assert (body["attemptId"], body["leaseToken"], body["leaseVersion"]) == (
+        ATTEMPT,
+        offers[0]["leaseToken"],
+        0,
+    )
+
+
+def test_a_fenced_refusal_of_the_next_claim_stops_the_agent_as_any_call_would(tmp_path):
+    """Review finding 2: a claim refused with a fence code ends the agent (exit 3), so must this."""
+    agent, _ = make_agent(tmp_path, {})
+    offers = agent.claims.next_offers()
+    fenced = {"offers": [], "refused": {"code": "session_superseded", "message": "a newer session"}}
+    assert agent.claims.take_next(fenced, offers) == 0
+    assert agent._fatal is not None and agent._fatal.exit_code == wire.EXIT_FENCED
