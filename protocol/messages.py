@@ -259,10 +259,13 @@ class AckAnswer(TypedDict):
 
 class Refusal(TypedDict):
     """Why a part of a call that was otherwise answered was refused: an error code of the
-    catalogue (``protocol.errors``) and its message."""
+    catalogue (``protocol.errors``), its message, and the culprit field and details when the
+    error names them."""
 
     code: str
     message: str
+    field: NotRequired[str]
+    details: NotRequired[dict[str, object]]
 
 
 class NextClaimAnswer(TypedDict):

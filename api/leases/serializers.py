@@ -138,6 +138,8 @@ class AckOutSerializer(serializers.Serializer):
 class RefusalOutSerializer(serializers.Serializer):
     code = serializers.CharField(help_text="an error code of the catalogue (docs/errors.md)")
     message = serializers.CharField()
+    field = serializers.CharField(required=False, help_text="the culprit, as the request names it")
+    details = serializers.DictField(required=False, help_text="as the error's own answer has them")
 
 
 class NextClaimOutSerializer(serializers.Serializer):
@@ -208,11 +210,14 @@ def complete_out(result: CompletionResult, next_claim: NextClaim | None = None) 
     }
     if next_claim is not None:
         answer["next"] = {"offers": [offer_out(offer) for offer in next_claim.offers]}
-        if next_claim.refused is not None:
-            answer["next"]["refused"] = {
-                "code": next_claim.refused.code,
-                "message": next_claim.refused.message,
-            }
+        refused = next_claim.refused
+        if refused is not None:
+            refusal: messages.Refusal = {"code": refused.code, "message": refused.message}
+            if refused.field:
+                refusal["field"] = f"next.{refused.field}"  # where the offers are in this request
+            if refused.details:
+                refusal["details"] = refused.details
+            answer["next"]["refused"] = refusal
     return answer
 
 

@@ -172,7 +172,16 @@ def test_the_completion_answer_is_what_its_serializer_documents():
 
 
 @pytest.mark.parametrize("at", TIMES[:2])
-@pytest.mark.parametrize("refused", [None, DomainError("session_draining", "the session is draining")])
+@pytest.mark.parametrize(
+    "refused",
+    [
+        None,
+        DomainError("session_draining", "the session is draining"),
+        DomainError(
+            "lease_offer_conflict", "claimed with another token", field="offers[0].offerId", details={"n": 1}
+        ),
+    ],
+)
 def test_the_completion_answer_with_its_next_claim_is_what_its_serializer_documents(at, refused):
     result = CompletionResult(attempt_id=uuid.uuid4(), lease_generation=1, sequence=1, outcome="succeeded")
     offers = [] if refused else [Offer(_lease(at, 1), {"kind": "x"}, "claimed", 5)]
@@ -184,6 +193,8 @@ def test_the_completion_answer_with_its_next_claim_is_what_its_serializer_docume
     }
     if refused:
         next_documented["refused"] = {"code": refused.code, "message": refused.message}
+        if refused.field:
+            next_documented["refused"] |= {"field": "next." + refused.field, "details": refused.details}
     with timezone.override(UTC):
         documented = lease_s.CompleteOutSerializer(
             {

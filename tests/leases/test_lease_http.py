@@ -233,3 +233,14 @@ def test_a_completion_of_the_largest_tails_json_can_write_is_taken_with_its_next
     done = api.post(wire.LEASE_COMPLETE, body)
     assert done.status_code == 200, done.json()
     assert RunAttempt.objects.get(run=run).stdout_tail == tail
+
+
+def test_a_next_claim_reusing_an_offer_id_is_refused_naming_it_and_the_completion_stands(started):
+    api, _, _, run, fence = started
+    offer_id = RunDispatchLease.objects.get(attempt_id=fence["attemptId"]).offer_id  # claimed already
+    reused = {"offerId": str(offer_id), "leaseToken": "D" * 43}
+    done = api.post(wire.LEASE_COMPLETE, complete_body(fence, next={"offers": [reused]}))
+    assert done.status_code == 200, done.json()
+    refused = done.json()["next"]["refused"]
+    assert (refused["code"], refused["field"]) == ("lease_offer_conflict", "next.offers[0].offerId")
+    assert Run.objects.get(pk=run.pk).state == "succeeded"
