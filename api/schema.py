@@ -74,13 +74,25 @@ ERROR_TABLES = {"worker": WORKER_ERRORS, "enroll": ENROLL_ERRORS, "operator": OP
 
 
 class AutoSchema(SpectacularAutoSchema):
-    """drf-spectacular's schema plus the error answers of each kind of view, and request bodies
-    of strict serializers marked ``additionalProperties: false`` (they refuse unknown keys)."""
+    """drf-spectacular's schema plus the error answers of each kind of view, request bodies of
+    strict serializers marked ``additionalProperties: false`` (they refuse unknown keys), and the
+    length bounds of nested lists (``many=True`` with ``min_length``/``max_length``/
+    ``allow_empty``, which DRF checks but drf-spectacular does not carry) as ``minItems``/``maxItems``."""
 
     def _map_basic_serializer(self, serializer, direction):
         schema = super()._map_basic_serializer(serializer, direction)
         if direction == "request" and getattr(serializer, "refuses_unknown_fields", False):
             schema["additionalProperties"] = False
+        return schema
+
+    def _map_serializer_field(self, field, direction, bypass_extensions=False):
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if isinstance(field, serializers.ListSerializer) and schema.get("type") == "array":
+            minimum = field.min_length if field.min_length is not None else (0 if field.allow_empty else 1)
+            if minimum:
+                schema["minItems"] = minimum
+            if field.max_length is not None:
+                schema["maxItems"] = field.max_length
         return schema
 
     def _error_table(self) -> dict[str, str]:

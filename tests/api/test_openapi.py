@@ -77,3 +77,16 @@ def test_every_route_is_described_with_its_security_and_errors():
 def test_request_bodies_refuse_unknown_fields_in_the_schema_too(name):
     schema = yaml.safe_load(COMMITTED.read_text())
     assert schema["components"]["schemas"][name]["additionalProperties"] is False
+
+
+def test_nested_lists_carry_the_length_bounds_the_api_enforces():
+    """A claim's offers (1 to 8), a waiting claim's (0 to 8) and a next claim's, and a log chunk's
+    segments: DRF checks each list's bounds; the schema must say them (minItems/maxItems)."""
+    schemas = generated()["components"]["schemas"]
+    claim = schemas["ClaimRequest"]["properties"]["offers"]
+    assert (claim["minItems"], claim["maxItems"]) == (1, 8)
+    waiting = schemas["ClaimWaitRequest"]["properties"]["offers"]
+    assert waiting["maxItems"] == 8 and "minItems" not in waiting
+    assert schemas["NextClaimRequest"]["properties"]["offers"]["minItems"] == 1
+    assert schemas["NextClaimRequest"]["properties"]["offers"]["maxItems"] == 8
+    assert "minItems" not in schemas["ClaimOut"]["properties"]["offers"]  # an answer may be empty
