@@ -330,23 +330,20 @@ class AttemptRunner(threading.Thread):
         """Send the completion, retried until ``deadline`` (the hard deadline, ``time.monotonic``).
         A control plane that refuses its ``next`` claim as an unknown field (an older one) gets it
         again without, and no completion carries one from then on. Raises like ``Agent.call``."""
+
+        def send() -> m.CompleteAnswer:
+            patience = max(1.0, deadline - time.monotonic())
+            return cast(m.CompleteAnswer, self.agent.call(wire.LEASE_COMPLETE, completion, patience=patience))
+
         try:
-            return cast(
-                m.CompleteAnswer,
-                self.agent.call(
-                    wire.LEASE_COMPLETE, completion, patience=max(1.0, deadline - time.monotonic())
-                ),
-            )
+            return send()
         except ApiError as exc:
             if "next" not in completion or exc.code != "validation_failed" or exc.field != "next":
                 raise
         log.info("the control plane takes no next claim with a completion: claiming separately from now on")
         self.agent.claims.next_claims = False
         del completion["next"]
-        return cast(
-            m.CompleteAnswer,
-            self.agent.call(wire.LEASE_COMPLETE, completion, patience=max(1.0, deadline - time.monotonic())),
-        )
+        return send()
 
     def _settle_output(self, execution: Execution) -> bool:
         """After the job: send the rest of its log, then upload its declared artifacts, renewing

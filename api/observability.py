@@ -62,13 +62,18 @@ def _principal(request: HttpRequest) -> tuple[str, str]:
     return "-", "-"
 
 
+def _claim_outcome(answer: dict) -> str:
+    """A claim's answered outcome: ``offered`` or ``empty``."""
+    return "offered" if answer.get("offers") else "empty"
+
+
 def _worker_outcome(response: HttpResponse, call: str) -> str:
     data = getattr(response, "data", None)
     if response.status_code >= 400:
         code = data.get("code") if isinstance(data, dict) else None
         return str(code or response.status_code)
     if call == "claim" and isinstance(data, dict):
-        return "offered" if data.get("offers") else "empty"
+        return _claim_outcome(data)
     return "ok"
 
 
@@ -81,7 +86,7 @@ def _next_claim_outcome(response: HttpResponse) -> str | None:
     next_claim = data["next"]
     if "refused" in next_claim:
         return str(next_claim["refused"]["code"])
-    return "offered" if next_claim["offers"] else "empty"
+    return _claim_outcome(next_claim)
 
 
 class ObservabilityMiddleware:
