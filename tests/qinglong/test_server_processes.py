@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 
+import psutil
 import pytest
 from django.db import connection
 
@@ -26,12 +27,12 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def children_of(pid: int) -> list[int]:
-    """The pids of ``pid``'s child processes (from /proc/<pid>/task/*/children)."""
-    found: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as listing:
-            found += [int(child) for child in listing.read().split()]
-    return found
+    """The pids of ``pid``'s child processes.
+
+    psutil finds them by parent pid; reading ``/proc/<pid>/task/*/children`` raced a serve thread
+    ending between the listing and the read (found by CI).
+    """
+    return [child.pid for child in psutil.Process(pid).children()]
 
 
 def test_a_serve_killed_with_sigkill_takes_its_server_processes_with_it(tmp_path):
