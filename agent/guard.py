@@ -151,9 +151,9 @@ def _tree(root: int) -> set[int] | None:
                 with open(f"/proc/{pid}/task/{tid}/children", "rb") as handle:
                     kids = handle.read().split()
             except FileNotFoundError:
-                if pid == root:
-                    return None
-                continue
+                if pid == root and os.path.isdir(f"/proc/{pid}/task/{tid}"):
+                    return None  # the thread is there, its children file is not: no such files
+                continue  # the thread (or the process) ended between the listing and the read
             except OSError:
                 continue
             for kid in map(int, kids):

@@ -5,6 +5,7 @@ Real processes, no mocks."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.executor import Execution
-from agent.guard import job_processes
+from agent.guard import _tree, job_processes
 from tests.agent.processes import ROOT, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreaper is Linux-only")
@@ -141,7 +142,7 @@ AGENT = r"""
 import sys, time
 from pathlib import Path
 from agent.executor import Execution
-from agent.guard import job_processes
+from agent.guard import _tree, job_processes
 execution = Execution(executor="shell", command=sys.argv[1], env={}, timeout_seconds=600,
                       work_dir=Path(sys.argv[2]))
 print(execution.pid, execution.cookie, flush=True)
@@ -213,3 +214,31 @@ def test_a_job_run_as_another_user_cannot_stop_or_kill_its_guard(request):
     execution.stop("cancelled", grace=0.5)
     assert execution.wait(5) and execution.result().outcome == "cancelled"
     wait_for(lambda: not alive(escaped), timeout=2, what="the escaped process to die", step=0.02)
+
+
+#: A process that starts a child and then keeps starting threads that end at once, so its
+#: ``/proc/<pid>/task`` listing keeps naming threads that are gone by the time they are read.
+CHURN = (
+    "import subprocess, sys, threading\n"
+    "child = subprocess.Popen(['sleep', '300'])\n"
+    "print(child.pid, flush=True)\n"
+    "while True:\n"
+    "    threads = [threading.Thread(target=int) for _ in range(8)]\n"
+    "    [thread.start() for thread in threads]\n"
+    "    [thread.join() for thread in threads]\n"
+)
+
+
+def test_the_tree_walk_finds_the_children_of_a_process_whose_threads_come_and_go():
+    # A thread ending between the task listing and the read of its children file used to read as
+    # "this kernel has no children files": the walk gave up and the freeze froze nobody.
+    churner = subprocess.Popen([sys.executable, "-c", CHURN], stdout=subprocess.PIPE, text=True)
+    child = int(churner.stdout.readline())
+    try:
+        walks = [_tree(churner.pid) for _ in range(3000)]
+        assert all(walk == {child} for walk in walks), {repr(walk) for walk in walks if walk != {child}}
+    finally:
+        churner.kill()
+        churner.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, 9)
