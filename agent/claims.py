@@ -29,7 +29,10 @@ claim of its own in between, and its waiting claim is not cut short for that slo
 plane that refuses the field (400 naming ``next``) is asked separately from then on.
 
 ``session_draining`` marks the session draining (no more claims until a heartbeat answers it
-online again); ``capacity_exhausted`` and ``rate_limited`` wait quietly.
+online again); ``capacity_exhausted`` and ``rate_limited`` wait quietly. Whatever a claim of any
+kind answered once the agent began to stop (SIGTERM) or its session left ``online`` is released
+at once (``lease/release``), never started: the attempt goes back to the queue for another worker
+instead of lapsing after its dispatch timeout.
 """
 
 from __future__ import annotations
@@ -84,7 +87,14 @@ class Claims:
     def _start(self, answered: list[m.Offer], offers: list[m.OfferRequest]) -> int:
         """Start a runner per claimed offer; return once each sent its starting ACK and had the
         answer (at most ``STARTING_FIRST_SECONDS``), so that the loop's next request — sent at
-        once after it — does not compete with the ACKs at the control plane."""
+        once after it — does not compete with the ACKs at the control plane.
+
+        What a claim answered after the agent began to stop, or once its session left ``online``
+        (a drain, learnt while the claim was in flight), is released instead (``_hand_back``):
+        a stopping or draining agent starts nothing new, whichever call brought the offer."""
+        if answered and (self.agent.shutdown_requested.is_set() or self.agent.session.state != "online"):
+            self._hand_back(answered, offers)
+            return 0
         tokens = {offer["offerId"]: offer["leaseToken"] for offer in offers}
         runners = [AttemptRunner(self.agent, offer, tokens[offer["lease"]["offerId"]]) for offer in answered]
         for runner in runners:
@@ -135,7 +145,7 @@ class Claims:
         """Start what a completion's next claim answered (``answer``, for ``offers``); returns how
         many attempts it started. A refusal is taken as a claim's (``session_draining`` marks
         the session draining; a fence or credential code stops the agent, as any call's does);
-        what was claimed after the agent began to stop is released, not started."""
+        what was claimed after the agent began to stop is released, not started (``_start``)."""
         if answer is None:
             return 0
         refused = answer.get("refused")
@@ -147,9 +157,6 @@ class Claims:
                 self.agent.fail(stop)
             else:
                 self._refused(exc)
-            return 0
-        if self.agent.shutdown_requested.is_set() or self.agent.session.state != "online":
-            self._hand_back(answer["offers"], offers)  # stopping meanwhile: start nothing new
             return 0
         started = self._start(answer["offers"], offers)
         if started:

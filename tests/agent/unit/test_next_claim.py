@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from agent.attempts import AttemptRunner
 from agent.client import ApiError
+from agent.runtime import Agent
 from protocol import wire
-from tests.agent.unit.test_long_poll import make_agent
+from tests.agent.unit.test_long_poll import FakeClient, make_agent, session_answer
 
 ATTEMPT = "0190a0a0-0000-7000-8000-000000000001"
 
@@ -122,3 +125,48 @@ def test_a_fenced_refusal_of_the_next_claim_stops_the_agent_as_any_call_would(tm
     fenced = {"offers": [], "refused": {"code": "session_superseded", "message": "a newer session"}}
     assert agent.claims.take_next(fenced, offers) == 0
     assert agent._fatal is not None and agent._fatal.exit_code == wire.EXIT_FENCED
+
+
+class StopsWhileClaiming(FakeClient):
+    """A control plane that claims the first offer of a claim or waiting claim, while SIGTERM
+    reaches the agent before the answer does."""
+
+    def __init__(self, script: dict[str, list]) -> None:
+        super().__init__(script)
+        self.agent: Agent | None = None
+
+    def post(self, path, body, **kwargs):
+        if path not in (wire.CLAIM, wire.CLAIM_WAIT):
+            return super().post(path, body, **kwargs)
+        self.calls.append((path, body, kwargs))
+        assert self.agent is not None
+        self.agent.request_shutdown()  # the signal lands while the claim is in flight
+        claimed = [offer(offer_id=body["offers"][0]["offerId"])]
+        return {"offers": claimed, "cancelRequested": [], "waitSeconds": 25.0, "session": session_answer()}
+
+
+@pytest.mark.parametrize("call", ["once", "wait_once"])
+def test_what_a_claim_answered_after_shutdown_began_is_released_not_started(tmp_path, call):
+    released = {"status": "released", "lease": {}, "cancelRequested": False}
+    client = StopsWhileClaiming({wire.LEASE_RELEASE: [released]})
+    agent, _ = make_agent(tmp_path, {})
+    agent.client = client  # type: ignore[assignment]
+    client.agent = agent
+    started: list[AttemptRunner] = []
+    agent.start_runner = started.append  # type: ignore[method-assign]
+    assert getattr(agent.claims, call)() == 0
+    assert started == []
+    [(claim_path, claim, _), (path, body, _)] = client.calls
+    assert claim_path in (wire.CLAIM, wire.CLAIM_WAIT) and path == wire.LEASE_RELEASE
+    assert (body["attemptId"], body["leaseToken"]) == (ATTEMPT, claim["offers"][0]["leaseToken"])
+
+
+def test_what_a_claim_answered_once_the_session_began_draining_is_released_not_started(tmp_path):
+    released = {"status": "released", "lease": {}, "cancelRequested": False}
+    agent, client = make_agent(tmp_path, {wire.LEASE_RELEASE: [released]})
+    started: list[AttemptRunner] = []
+    agent.start_runner = started.append  # type: ignore[method-assign]
+    offers = agent.claims._offers(1)
+    agent.session.mark_draining()  # a heartbeat answered draining while the claim was in flight
+    assert agent.claims._start([offer(offer_id=offers[0]["offerId"])], offers) == 0  # type: ignore[list-item]
+    assert started == [] and [path for path, _, _ in client.calls] == [wire.LEASE_RELEASE]
