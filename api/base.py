@@ -12,6 +12,7 @@ the permission each method names (:class:`OperatorPermission`; ``docs/operators.
 from __future__ import annotations
 
 import functools
+import re
 import uuid
 from typing import cast
 
@@ -79,11 +80,21 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+#: A UUID as the protocol writes it (docs/protocol.md): 8-4-4-4-12 hexadecimal digits.
+_UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
 class StrictUUIDField(serializers.UUIDField):
-    """A UUID that must be a JSON string (DRF would turn the number 7 into UUID(int=7))."""
+    """A UUID that must be a JSON string in its 36-character form: DRF would turn the number 7
+    into UUID(int=7) and take ``{…}``, ``urn:uuid:…`` and 32 bare digits as the same id, so one
+    offer id could be spelt four ways."""
+
+    default_error_messages = {
+        "invalid": "Must be a UUID as 36 characters: 8-4-4-4-12 hexadecimal digits with hyphens."
+    }
 
     def to_internal_value(self, data):
-        if not isinstance(data, str):
+        if not isinstance(data, str) or _UUID_TEXT.fullmatch(data) is None:
             self.fail("invalid", value=data)
         return super().to_internal_value(data)
 

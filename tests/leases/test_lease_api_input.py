@@ -65,6 +65,15 @@ def _cases(session, held, lease):
         (wire.LEASE_RENEW, {**lease, "leaseVersion": 0, "attemptId": "nope"}, "attemptId"),
         (wire.LEASE_RELEASE, {**lease, "leaseVersion": 0, "leaseToken": "x" * 129}, "leaseToken"),
         (wire.LEASE_STARTING, {**ack, "offerId": 7}, "offerId"),
+        # one id, one spelling: braces, a URN and bare digits name the same UUID (DRF took them)
+        (wire.LEASE_STARTING, {**ack, "offerId": "{" + ack["offerId"] + "}"}, "offerId"),
+        (wire.LEASE_STARTING, {**ack, "offerId": "urn:uuid:" + ack["offerId"]}, "offerId"),
+        (wire.LEASE_STARTING, {**ack, "offerId": ack["offerId"].replace("-", "")}, "offerId"),
+        (
+            wire.CLAIM,
+            {**session.fence(), "offers": [{**offer, "offerId": offer["offerId"] + "\n"}]},
+            "offers[0].offerId",
+        ),
         (wire.LEASE_RUNNING, {**ack, "pid": 0, "executorHandle": "h"}, "pid"),
         (wire.LEASE_RUNNING, {**ack, "pid": 1, "executorHandle": "h" * 513}, "executorHandle"),
         (wire.LEASE_START_FAILED, {**ack, "reason": "bored"}, "reason"),
