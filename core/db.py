@@ -32,7 +32,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,9 +49,10 @@ from django.db import (
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
-from psycopg.abc import AdaptContext
+from psycopg.abc import AdaptContext, Buffer
 from psycopg.adapt import Dumper, PyFormat, Transformer
-from psycopg.pq import Format
+from psycopg.pq import ExecStatus, Format
+from psycopg.pq.abc import PGresult
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from core.conf import protocol
@@ -261,15 +262,19 @@ def prepared_row(sql: str, params: list | dict) -> tuple | None:
     the SQL (a bound ``str`` is ``text``, not a UUID; :func:`typed_call`). The statement is
     prepared once per connection (psycopg's ``prepare=True``; ``qinglong.settings`` sets the
     ``prepare_threshold`` that honours it, docs/performance.md "The function calls were never
-    prepared"), so the server neither parses nor plans it again. It runs in the caller's
+    prepared"), so the server neither parses nor plans it again; outside a transaction with a
+    list of ``params`` it is prepared and executed through the connection's libpq handle
+    (:class:`_Statements`), past psycopg's cursor, whose bookkeeping in Python was a fifth of a
+    claimer's CPU (docs/performance.md, "A statement past the cursor"). It runs in the caller's
     transaction (or is its own, on an autocommit connection), errors surface as Django's database
     errors (so :func:`write_path` retries and maps them as for any statement), a kept connection
     gets Django's once-per-request health check as a cursor would (``CONN_HEALTH_CHECKS``), and it
     is recorded in ``connection.queries`` when queries are logged, so the query-count budgets
     still count it. ``params``: psycopg-adaptable values (lists → arrays, ``timedelta`` → interval).
     A failed call outside a transaction drops the connection's prepared statements
-    (:func:`_deallocate_all`); one that failed because its cached plan went stale is run once
-    more, prepared afresh. Errors raised: Django's ``DatabaseError`` family.
+    (:func:`_deallocate_all`); one that failed because its cached plan went stale, or because its
+    prepared statement is gone from the session, is run once more, prepared afresh. Errors
+    raised: Django's ``DatabaseError`` family.
     """
     db = connections[DEFAULT_DB_ALIAS]  # this thread's connection, looked up once
     db.close_if_health_check_failed()  # as Django's cursor() does (CONN_HEALTH_CHECKS)
@@ -281,7 +286,7 @@ def prepared_row(sql: str, params: list | dict) -> tuple | None:
         if db.in_atomic_block:
             raise  # the caller's rollback makes psycopg deallocate them all (ROLLBACK)
         _deallocate_all()
-        if _sqlstate(exc) != _PG_PLAN_CHANGED_RESULT:
+        if _sqlstate(exc) not in _PG_PREPARED_GONE:
             raise
         row = _execute_prepared(db, sql, params)  # prepared afresh against the schema as it is now
     if db.queries_logged:
@@ -289,15 +294,100 @@ def prepared_row(sql: str, params: list | dict) -> tuple | None:
     return row
 
 
-#: "cached plan must not change result type": another process changed what a prepared statement
-#: reads (a column's type, a function's result type) since this connection prepared it.
-_PG_PLAN_CHANGED_RESULT = "0A000"
+#: A prepared statement that cannot run as prepared: "cached plan must not change result type"
+#: (0A000: another process changed what it reads, a column's or a function's result type, since
+#: this connection prepared it), or "prepared statement does not exist" (26000: the session's
+#: statements were dropped under it, by ``DEALLOCATE ALL`` or ``DISCARD ALL``).
+_PG_PREPARED_GONE = frozenset({"0A000", "26000"})
 
 
 def _execute_prepared(db: BaseDatabaseWrapper, sql: str, params: list | dict) -> tuple | None:
-    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
-        cursor.execute(sql, params, prepare=True, binary=True)
-        return cursor.fetchone()
+    conn = db.connection
+    if isinstance(params, dict) or not conn.autocommit:
+        # in a transaction: psycopg's cursor, which opens it (BEGIN) before the first statement
+        with db.wrap_database_errors, psycopg.Cursor(conn) as cursor:
+            cursor.execute(sql, params, prepare=True, binary=True)
+            return cursor.fetchone()
+    with db.wrap_database_errors:
+        return _Statements.of(conn).run(sql, params)
+
+
+class _Statements:
+    """The statements :func:`prepared_row` prepared on one autocommit connection, run through its
+    libpq handle (``psycopg.pq``): the parameters dumped by psycopg's transformer (its adapters,
+    :class:`Bound` included), ``PQprepare`` once per (SQL, parameter types), then ``PQexecPrepared``
+    (which lets go of the GIL while it waits) and the first row loaded by the same transformer.
+
+    What psycopg's cursor adds — the query converted on every call, its prepared-statement cache
+    looked up, results checked and selected in Python — was about a fifth of an in-process claim
+    → release loop's CPU (docs/performance.md, "A statement past the cursor"). Only for a
+    statement that is its own transaction: in one, psycopg's cursor must send its ``BEGIN``.
+    They are kept on the psycopg connection itself (a pooled one serves many requests and keeps
+    its statements), so they go with it: a mapping keyed by the connection would keep every
+    connection a thread left behind open through the transformer's reference to it.
+    ``_deallocate_all`` forgets them.
+    """
+
+    __slots__ = ("conn", "names", "transformer")
+    _ATTRIBUTE = "_qinglong_statements"
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+        self.names: dict[tuple[str, tuple[int, ...]], bytes] = {}
+        self.transformer = Transformer(conn)
+
+    @classmethod
+    def of(cls, conn: psycopg.Connection) -> _Statements:
+        """``conn``'s statements (made on first use)."""
+        found = getattr(conn, cls._ATTRIBUTE, None)
+        if found is None:
+            found = cls(conn)
+            setattr(conn, cls._ATTRIBUTE, found)
+        return found
+
+    @classmethod
+    def forget(cls, conn: psycopg.Connection) -> None:
+        """Forget ``conn``'s statements (the server dropped them, or is about to)."""
+        if hasattr(conn, cls._ATTRIBUTE):
+            delattr(conn, cls._ATTRIBUTE)
+
+    def run(self, sql: str, params: list) -> tuple | None:
+        """``sql`` (``%b`` placeholders) with ``params``: its first row, or None. Raises psycopg's
+        error for the server's answer (or ``OperationalError`` for a connection that failed)."""
+        transformer = self.transformer
+        values = transformer.dump_sequence(params, [PyFormat.BINARY] * len(params))
+        types = tuple(transformer.types or ())
+        with self.conn.lock:
+            pgconn = self.conn.pgconn
+            name = self.names.get((sql, types))
+            if name is None:
+                name = f"ql_{len(self.names)}".encode()
+                self._check(pgconn.prepare(name, _numbered(sql), param_types=types))
+                self.names[(sql, types)] = name
+            result = self._check(
+                pgconn.exec_prepared(
+                    name,
+                    cast("Sequence[Buffer]", values),  # None is a NULL, as psycopg's cursor sends it
+                    param_formats=transformer.formats,
+                    result_format=Format.BINARY,
+                )
+            )
+            if not result.ntuples:
+                return None
+            transformer.set_pgresult(result)
+            return transformer.load_row(0, tuple)
+
+    def _check(self, result: PGresult) -> PGresult:
+        if result.status in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK):
+            return result
+        raise psycopg.errors.error_from_result(result, encoding=self.conn.info.encoding)
+
+
+@functools.cache
+def _numbered(sql: str) -> bytes:
+    """``sql`` with its ``%b`` placeholders numbered as the server's (``$1``, ``$2``, …)."""
+    parts = sql.split("%b")
+    return "".join(part + (f"${i}" if i < len(parts) else "") for i, part in enumerate(parts, 1)).encode()
 
 
 def _deallocate_all() -> None:
@@ -312,6 +402,7 @@ def _deallocate_all() -> None:
     raw = connection.connection
     if raw is None or raw.closed:  # closed, or broken by an outage
         return  # its statements went with it
+    _Statements.forget(raw)
     try:
         raw.execute("DEALLOCATE ALL")
     except psycopg.Error:

@@ -9,9 +9,11 @@ row before it reads the session, and lease times are read from the clock after t
 
 from __future__ import annotations
 
+import gc
 import sqlite3
 import threading
 import time
+import weakref
 from datetime import UTC, timedelta
 
 import psycopg
@@ -259,29 +261,88 @@ def test_pg_a_server_function_call_is_prepared_once_per_connection_and_other_que
     assert prepared == ["SELECT pg_catalog.abs($1::integer)"]
 
 
-@pytest.mark.postgres
-@pytest.mark.parametrize(
-    ("value", "kind"),
-    [
-        ([], "text[]"),
-        ([], "integer[]"),
-        ([], "uuid[]"),
-        ([3, None, -7, 2**31 - 1], "integer[]"),
-        ([2**40], "bigint[]"),
-        (['a"b\\c{}', "é, \u00e9", "", "NULL"], "text[]"),
-        ([uuid7(), uuid7()], "uuid[]"),
-        (timedelta(seconds=90.5), "interval"),
-    ],
-)
-def test_pg_a_bound_parameter_reads_back_as_the_value_bound_on_each_call(value, kind):
-    """``core.db.bound`` (dumped once, the claim's repeating arrays) binds what psycopg's own
-    dump of the value binds: the same value reads back, empty lists (which psycopg sends as text)
-    and quoting included, and both go through the same prepared statement."""
+BOUND_VALUES = [
+    ([], "text[]"),
+    ([], "integer[]"),
+    ([], "uuid[]"),
+    ([3, None, -7, 2**31 - 1], "integer[]"),
+    ([2**40], "bigint[]"),
+    (['a"b\\c{}', "é, \u00e9", "", "NULL"], "text[]"),
+    ([uuid7(), uuid7()], "uuid[]"),
+    (timedelta(seconds=90.5), "interval"),
+]
+
+
+def _reads_back(value, kind) -> None:
     sql = f"SELECT %b::{kind}"
     once = core.db.bound(value)
     assert core.db.prepared_row(sql, [value]) == (value,)
     assert core.db.prepared_row(sql, [once]) == (value,)
     assert core.db.prepared_row(sql, [once]) == (value,)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("value", "kind"), BOUND_VALUES)
+def test_pg_a_bound_parameter_reads_back_as_the_value_bound_on_each_call(value, kind):
+    """``core.db.bound`` (dumped once, the claim's repeating arrays) binds what psycopg's own
+    dump of the value binds: the same value reads back, empty lists (which psycopg sends as text)
+    and quoting included, and both go through the same prepared statement. In a transaction:
+    psycopg's cursor."""
+    _reads_back(value, kind)
+
+
+@real_transactions
+@pytest.mark.postgres
+@pytest.mark.parametrize(("value", "kind"), BOUND_VALUES)
+def test_pg_a_statement_of_its_own_binds_and_reads_back_as_the_cursor_does(value, kind):
+    """The same values outside a transaction, where the statement runs through the connection's
+    libpq handle (``core.db._Statements``): what psycopg's cursor binds and reads back, a NULL
+    beside it included."""
+    _reads_back(value, kind)
+    assert core.db.prepared_row(f"SELECT %b::{kind}, %b::uuid", [value, None]) == (value, None)
+
+
+@real_transactions
+@pytest.mark.postgres
+def test_pg_a_statement_of_its_own_runs_in_no_transaction_and_one_in_a_transaction_in_it():
+    """Outside ``atomic`` the call commits on its own; inside, it is the transaction's (psycopg's
+    cursor opened it), and rolls back with it."""
+    connection.close()
+    setting = "SELECT set_config('ql.test', %b::text, %b::boolean)"
+    core.db.prepared_row(setting, ["kept", False])  # is_local false: kept by the session
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert core.db.prepared_row(setting, ["rolled back", False]) == ("rolled back",)
+        raise RuntimeError("roll the transaction back")
+    assert core.db.prepared_row("SELECT current_setting(%b::text)", ["ql.test"]) == ("kept",)
+
+
+@pytest.mark.postgres
+def test_pg_a_connection_left_behind_with_its_statements_goes_with_them():
+    """A thread that ends without closing its connection leaves it to the garbage collector (which
+    closes it); the statements kept for it must not keep it, and its server session, alive."""
+    conn = psycopg.connect(**pg_conninfo(), autocommit=True)
+    assert core.db._Statements.of(conn).run("SELECT %b::integer", [7]) == (7,)
+    gone = weakref.ref(conn)
+    del conn
+    gc.collect()
+    assert gone() is None
+
+
+@real_transactions
+@pytest.mark.postgres
+@pytest.mark.parametrize("drop", ["DEALLOCATE ALL", "DISCARD ALL"])
+def test_pg_a_prepared_call_dropped_from_the_session_is_prepared_afresh(drop):
+    """Something else on the connection drops its prepared statements (a pool's reset, an
+    operator's ``DISCARD ALL``): the next call prepares its statement again instead of failing
+    with 26000."""
+    sql = core.db.typed_call("pg_catalog.abs", "integer")
+    connection.close()
+    assert core.db.call_function(sql, [-4]) == (4,)
+    connection.ensure_connection()
+    connection.connection.execute(drop)
+    assert core.db.call_function(sql, [-5]) == (5,)
+    assert core.db.call_function(sql, [-6]) == (6,)
+    assert _prepared_count() == 1
 
 
 def _prepared_count() -> int:
