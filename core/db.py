@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -51,7 +52,7 @@ from django.db import (
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg.abc import AdaptContext, Buffer
 from psycopg.adapt import Dumper, PyFormat, Transformer
-from psycopg.pq import ExecStatus, Format
+from psycopg.pq import ConnStatus, ExecStatus, Format
 from psycopg.pq.abc import PGresult
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
@@ -303,8 +304,11 @@ _PG_PREPARED_GONE = frozenset({"0A000", "26000"})
 
 def _execute_prepared(db: BaseDatabaseWrapper, sql: str, params: list | dict) -> tuple | None:
     conn = db.connection
-    if isinstance(params, dict) or not conn.autocommit:
-        # in a transaction: psycopg's cursor, which opens it (BEGIN) before the first statement
+    if isinstance(params, dict) or not conn.autocommit or conn.prepare_threshold is None:
+        # In a transaction: psycopg's cursor, which opens it (BEGIN) before the first statement.
+        # Preparing turned off (QINGLONG_PG_PREPARED_STATEMENTS=false, for a pooler in transaction
+        # mode, whose server connections — and statement names — are shared between clients):
+        # the cursor, which then prepares nothing.
         with db.wrap_database_errors, psycopg.Cursor(conn) as cursor:
             cursor.execute(sql, params, prepare=True, binary=True)
             return cursor.fetchone()
@@ -321,7 +325,17 @@ class _Statements:
     What psycopg's cursor adds — the query converted on every call, its prepared-statement cache
     looked up, results checked and selected in Python — was about a fifth of an in-process claim
     → release loop's CPU (docs/performance.md, "A statement past the cursor"). Only for a
-    statement that is its own transaction: in one, psycopg's cursor must send its ``BEGIN``.
+    statement that is its own transaction (in one, psycopg's cursor must send its ``BEGIN``), on
+    a connection that prepares (``prepare_threshold`` set) and never ``LISTEN``s (a notification
+    arriving during the call is left for psycopg's next read: the waiting claims listen on a
+    connection of their own, ``api.waiting``). The call blocks in libpq: a KeyboardInterrupt
+    waits for the statement's end (the server's ``lock_timeout`` and ``statement_timeout``
+    bound it), where psycopg's wait would cancel the query.
+
+    A connection lost during the call (a restart, a failover, ``pg_terminate_backend``) is
+    raised as psycopg's ``OperationalError`` whatever libpq's last result says — often "server
+    closed the connection unexpectedly", with no SQLSTATE — so that it is the 503 of a database
+    outage (``core.dependencies``), as through the cursor.
     They are kept on the psycopg connection itself (a pooled one serves many requests and keeps
     its statements), so they go with it: a mapping keyed by the connection would keep every
     connection a thread left behind open through the transformer's reference to it.
@@ -352,8 +366,15 @@ class _Statements:
             delattr(conn, cls._ATTRIBUTE)
 
     def run(self, sql: str, params: list) -> tuple | None:
-        """``sql`` (``%b`` placeholders) with ``params``: its first row, or None. Raises psycopg's
-        error for the server's answer (or ``OperationalError`` for a connection that failed)."""
+        """``sql`` (``%b`` placeholders, ``%%`` for a ``%``) with ``params``: its first row, or
+        None. Raises psycopg's error for the server's answer, ``OperationalError`` for a
+        connection that failed, ``ProgrammingError`` for placeholders that do not match
+        ``params`` (as psycopg's cursor does)."""
+        text, placeholders = _numbered(sql)
+        if placeholders != len(params):
+            raise psycopg.ProgrammingError(
+                f"the query has {placeholders} placeholders but {len(params)} parameters were passed"
+            )
         transformer = self.transformer
         values = transformer.dump_sequence(params, [PyFormat.BINARY] * len(params))
         types = tuple(transformer.types or ())
@@ -362,7 +383,7 @@ class _Statements:
             name = self.names.get((sql, types))
             if name is None:
                 name = f"ql_{len(self.names)}".encode()
-                self._check(pgconn.prepare(name, _numbered(sql), param_types=types))
+                self._check(pgconn.prepare(name, text, param_types=types))
                 self.names[(sql, types)] = name
             result = self._check(
                 pgconn.exec_prepared(
@@ -380,14 +401,37 @@ class _Statements:
     def _check(self, result: PGresult) -> PGresult:
         if result.status in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK):
             return result
-        raise psycopg.errors.error_from_result(result, encoding=self.conn.info.encoding)
+        error = psycopg.errors.error_from_result(result, encoding=self.conn.info.encoding)
+        if self.conn.pgconn.status == ConnStatus.BAD and not isinstance(error, psycopg.OperationalError):
+            raise psycopg.OperationalError(f"the connection was lost: {error}") from error
+        raise error
+
+
+_PLACEHOLDER = re.compile(r"%%|%b|%")
 
 
 @functools.cache
-def _numbered(sql: str) -> bytes:
-    """``sql`` with its ``%b`` placeholders numbered as the server's (``$1``, ``$2``, …)."""
-    parts = sql.split("%b")
-    return "".join(part + (f"${i}" if i < len(parts) else "") for i, part in enumerate(parts, 1)).encode()
+def _numbered(sql: str) -> tuple[bytes, int]:
+    """``sql`` with its ``%b`` placeholders numbered as the server's (``$1``, ``$2``, …) and
+    ``%%`` as ``%``; and how many placeholders it has. Raises ``ProgrammingError`` for any other
+    ``%`` (``%s``, ``%(name)b``: this path binds a list, in the binary format)."""
+    parts: list[str] = []
+    count = 0
+    position = 0
+    for found in _PLACEHOLDER.finditer(sql):
+        parts.append(sql[position : found.start()])
+        position = found.end()
+        if found.group() == "%%":
+            parts.append("%")
+        elif found.group() == "%b":
+            count += 1
+            parts.append(f"${count}")
+        else:
+            raise psycopg.ProgrammingError(
+                f"only %b placeholders are bound here: {sql[found.start() :][:20]!r}"
+            )
+    parts.append(sql[position:])
+    return "".join(parts).encode(), count
 
 
 def _deallocate_all() -> None:

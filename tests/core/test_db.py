@@ -18,7 +18,7 @@ from datetime import UTC, timedelta
 
 import psycopg
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, OperationalError, ProgrammingError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import core.db
@@ -326,6 +326,55 @@ def test_pg_a_connection_left_behind_with_its_statements_goes_with_them():
     del conn
     gc.collect()
     assert gone() is None
+
+
+@real_transactions
+@pytest.mark.postgres
+def test_pg_with_preparing_turned_off_nothing_is_prepared():
+    """``QINGLONG_PG_PREPARED_STATEMENTS=false`` (a pooler in transaction mode shares server
+    connections, and so statement names, between clients): no call prepares a statement."""
+    sql = core.db.typed_call("pg_catalog.abs", "integer")
+    connection.close()
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = None  # what the setting makes of every connection
+    assert [core.db.call_function(sql, [-n]) for n in (1, 2, 3)] == [(1,), (2,), (3,)]
+    assert _prepared_count() == 0
+
+
+@real_transactions
+@pytest.mark.postgres
+def test_pg_a_connection_lost_under_a_call_is_a_database_outage():
+    """The server ends the session (a restart, a failover, ``pg_terminate_backend``): libpq's last
+    answer may carry no SQLSTATE, and the call must still read as an outage — Django's
+    ``OperationalError``, the 503 ``database_unavailable`` — not a bug's 500."""
+    connection.close()
+    assert core.db.prepared_row("SELECT %b::integer", [1]) == (1,)
+    pid = connection.connection.info.backend_pid
+    with psycopg.connect(**pg_conninfo(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    with pytest.raises(OperationalError) as raised:
+        core.db.prepared_row("SELECT %b::integer", [2])
+    refusal = dependency_error(raised.value)
+    assert refusal is not None and refusal.code == "database_unavailable"
+    connection.close()  # what Django does with a connection whose call failed so
+    assert core.db.prepared_row("SELECT %b::integer", [3]) == (3,)
+
+
+@real_transactions
+@pytest.mark.postgres
+def test_pg_placeholders_are_bound_as_the_cursor_binds_them():
+    """``%%`` is a ``%``; a count of parameters that does not match, or a placeholder of another
+    kind, is a programming error (not a protocol violation read as an outage)."""
+    connection.close()
+    assert core.db.prepared_row("SELECT 'a%%' || %b::text", ["x"]) == ("a%x",)
+    for sql, params in (
+        ("SELECT %b::integer", [1, 2]),
+        ("SELECT %s::integer", [1]),
+        ("SELECT %b::integer", []),
+    ):
+        with pytest.raises(ProgrammingError):
+            core.db.prepared_row(sql, params)
+    assert core.db.prepared_row("SELECT %b::integer", [4]) == (4,)
 
 
 @real_transactions
