@@ -64,6 +64,9 @@ WAIT_SLACK_SECONDS = 10.0
 #: Longest the claim loop holds its next request back for the starting ACKs of what it just
 #: claimed (they go first: each is on the path from enqueue to a started job).
 STARTING_FIRST_SECONDS = 2.0
+#: How long a stopping agent retries the release of an attempt claimed meanwhile before it starts
+#: the attempt instead (``Claims._hand_back``).
+HAND_BACK_PATIENCE_SECONDS = 5.0
 
 
 class Claims:
@@ -91,10 +94,14 @@ class Claims:
 
         What a claim answered after the agent began to stop, or once its session left ``online``
         (a drain, learnt while the claim was in flight), is released instead (``_hand_back``):
-        a stopping or draining agent starts nothing new, whichever call brought the offer."""
+        a stopping or draining agent starts nothing new, whichever call brought the offer —
+        unless the control plane does not answer the release, and then it is started after all
+        (the work is leased to this session: a drain lets it go on)."""
         if answered and (self.agent.shutdown_requested.is_set() or self.agent.session.state != "online"):
-            self._hand_back(answered, offers)
-            return 0
+            return self._hand_back(answered, offers)
+        return self._launch(answered, offers)
+
+    def _launch(self, answered: list[m.Offer], offers: list[m.OfferRequest]) -> int:
         tokens = {offer["offerId"]: offer["leaseToken"] for offer in offers}
         runners = [AttemptRunner(self.agent, offer, tokens[offer["lease"]["offerId"]]) for offer in answered]
         for runner in runners:
@@ -220,12 +227,17 @@ class Claims:
                 runner.cancel()
         return self._start(answer["offers"], offers)
 
-    def _hand_back(self, answered: list[m.Offer], offers: list[m.OfferRequest]) -> None:
+    def _hand_back(self, answered: list[m.Offer], offers: list[m.OfferRequest]) -> int:
         """Release what a claim answered after the agent began to stop (an attempt not started
-        goes back to the queue at once, not after its dispatch timeout). Best effort: a lease
-        not released lapses, and the control plane dispatches the attempt again."""
+        goes back to the queue at once, not after its dispatch timeout); returns how many
+        attempts it started instead. A release the control plane does not answer within
+        ``HAND_BACK_PATIENCE_SECONDS`` (unreachable, 503) would leave the lease to lapse — and the
+        agent unable to go offline cleanly while it is held — so that attempt and every one after
+        it are started, as before the stop: the drain waits for them, and one wait bounds the
+        hand-back however many offers there are. A release refused outright (the lease ended
+        meanwhile) is left at that."""
         tokens = {offer["offerId"]: offer["leaseToken"] for offer in offers}
-        for offer in answered:
+        for index, offer in enumerate(answered):
             lease = offer["lease"]
             body = {
                 **self.agent.session.fence(),
@@ -235,13 +247,24 @@ class Claims:
                 "leaseVersion": lease["leaseVersion"],
             }
             try:
-                self.agent.call(wire.LEASE_RELEASE, body, patience=5.0)
+                self.agent.call(wire.LEASE_RELEASE, body, patience=HAND_BACK_PATIENCE_SECONDS)
             except (ApiError, TransportError) as exc:
-                log.info(
-                    "attempt %s claimed while stopping, not released (%s): it lapses", lease["attemptId"], exc
-                )
+                if transient(exc):
+                    log.warning(
+                        "attempt %s claimed while stopping could not be released (%s): starting it and "
+                        "the %d after it instead",
+                        lease["attemptId"],
+                        exc,
+                        len(answered) - index - 1,
+                    )
+                    return self._launch(answered[index:], offers)
+                if isinstance(exc, ApiError) and exc.code == "lease_released":
+                    log.info("attempt %s claimed while stopping: released", lease["attemptId"])  # a resend
+                else:
+                    log.info("attempt %s claimed while stopping, not released: %s", lease["attemptId"], exc)
             else:
                 log.info("attempt %s claimed while stopping: released", lease["attemptId"])
+        return 0
 
     def interrupt(self, *, watch_only: bool) -> None:
         """Cut the waiting claim in flight short: only a watch (``watch_only``), or any (stopping)."""

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from agent import claims as claims_module
 from agent.attempts import AttemptRunner
 from agent.client import ApiError
 from agent.runtime import Agent
@@ -170,3 +171,41 @@ def test_what_a_claim_answered_once_the_session_began_draining_is_released_not_s
     agent.session.mark_draining()  # a heartbeat answered draining while the claim was in flight
     assert agent.claims._start([offer(offer_id=offers[0]["offerId"])], offers) == 0  # type: ignore[list-item]
     assert started == [] and [path for path, _, _ in client.calls] == [wire.LEASE_RELEASE]
+
+
+def test_a_release_the_control_plane_does_not_answer_starts_that_attempt_and_the_rest_instead(
+    tmp_path, monkeypatch
+):
+    """Review of the hand-back: a control plane that does not answer the release (here 503 for
+    longer than the agent's patience) would leave the lease to lapse and the session unable to
+    go offline cleanly (``session_has_active_leases``, exit 5). The first attempt is released;
+    the second's release is not answered, so it and the third are started, as before the stop."""
+    monkeypatch.setattr(claims_module, "HAND_BACK_PATIENCE_SECONDS", 0.3)
+    released = {"status": "released", "lease": {}, "cancelRequested": False}
+    unavailable = ApiError(503, "database_unavailable", "the database is unavailable")
+    agent, client = make_agent(tmp_path, {wire.LEASE_RELEASE: [released] + [unavailable] * 1000})
+    started: list[AttemptRunner] = []
+    agent.start_runner = started.append  # type: ignore[method-assign]
+    offers = agent.claims._offers(3)
+    ids = [f"0190a0a0-0000-7000-8000-00000000000{n}" for n in range(3)]
+    answered = [offer(attempt_id=ids[n], offer_id=o["offerId"]) for n, o in enumerate(offers)]
+    agent.request_shutdown()
+    began = time.monotonic()
+    assert agent.claims._start(answered, offers) == 2  # type: ignore[arg-type]
+    assert time.monotonic() - began < 5  # one patience for the lot, not one per offer
+    assert [runner.lease["attemptId"] for runner in started] == ids[1:]
+    releases = [body["attemptId"] for path, body, _ in client.calls if path == wire.LEASE_RELEASE]
+    assert set(releases) == set(ids[:2])  # the third is never tried: the control plane is away
+
+
+def test_a_release_refused_because_the_lease_already_ended_starts_nothing(tmp_path):
+    """A resend whose first release was answered but lost (``lease_released``), or a lease the
+    control plane ended meanwhile: nothing to start, nothing more to send."""
+    ended = ApiError(409, "lease_released", "the lease was released")
+    agent, client = make_agent(tmp_path, {wire.LEASE_RELEASE: [ended]})
+    started: list[AttemptRunner] = []
+    agent.start_runner = started.append  # type: ignore[method-assign]
+    offers = agent.claims._offers(1)
+    agent.request_shutdown()
+    assert agent.claims._start([offer(offer_id=offers[0]["offerId"])], offers) == 0  # type: ignore[list-item]
+    assert started == [] and len(client.calls) == 1
