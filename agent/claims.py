@@ -32,7 +32,10 @@ plane that refuses the field (400 naming ``next``) is asked separately from then
 online again); ``capacity_exhausted`` and ``rate_limited`` wait quietly. Whatever a claim of any
 kind answered once the agent began to stop (SIGTERM) or its session left ``online`` is released
 at once (``lease/release``), never started: the attempt goes back to the queue for another worker
-instead of lapsing after its dispatch timeout.
+instead of lapsing after its dispatch timeout (started after all if the control plane does not
+answer the release). A waiting claim that SIGTERM cut short lost its answer with the connection:
+once the session is draining its offers are sent again one by one, which a draining session
+answers only for an offer that had claimed something (a replay), and that is released too.
 """
 
 from __future__ import annotations
@@ -80,6 +83,9 @@ class Claims:
         self._watch_only = False
         #: Whether completions carry the next claim (off for good once the control plane refuses it).
         self.next_claims = True
+        #: The offers of a waiting claim that SIGTERM cut short: what they claimed, if anything,
+        #: is learnt and released once the session is draining (``recover_cut_short``).
+        self.cut_short: list[m.OfferRequest] = []
 
     def _offers(self, free: int) -> list[m.OfferRequest]:
         return [
@@ -216,6 +222,8 @@ class Claims:
             return None
         except TransportError:
             agent.heartbeat.resume()
+            if self._interrupted.is_set() and agent.shutdown_requested.is_set():
+                self.cut_short = offers  # its answer may have claimed some: learnt after the drain
             return 0 if self._interrupted.is_set() and not agent.shutdown_requested.is_set() else None
         finally:
             self._in_flight = self._watch_only = False
@@ -265,6 +273,31 @@ class Claims:
             else:
                 log.info("attempt %s claimed while stopping: released", lease["attemptId"])
         return 0
+
+    def recover_cut_short(self) -> int:
+        """Once the session is draining: learn what the waiting claim SIGTERM cut short had
+        claimed (its answer was lost with the connection) and release it; returns how many
+        attempts were started instead (``_hand_back``).
+
+        Each of its offers is sent again as a claim of its own. A draining session's claim is
+        answered only where every offer is a replay — the lease that offer took, ``idempotent``
+        — and refused with ``session_draining`` otherwise, so an offer that claimed nothing
+        claims nothing now (docs/leases.md, "The next claim"). Without this the lease lapsed
+        after the dispatch timeout and the session could not go offline cleanly meanwhile."""
+        offers, self.cut_short = self.cut_short, []
+        started = 0
+        for offer in offers:
+            body: m.Claim = {**self.agent.session.fence(), "offers": [offer]}
+            try:
+                answer = cast(
+                    m.ClaimAnswer, self.agent.call(wire.CLAIM, body, patience=HAND_BACK_PATIENCE_SECONDS)
+                )
+            except (ApiError, TransportError) as exc:
+                if not (isinstance(exc, ApiError) and exc.code == "session_draining"):
+                    log.info("offer %s of the cut-short waiting claim not learnt: %s", offer["offerId"], exc)
+                continue  # session_draining: the offer claimed nothing
+            started += self._hand_back(answer["offers"], [offer])
+        return started
 
     def interrupt(self, *, watch_only: bool) -> None:
         """Cut the waiting claim in flight short: only a watch (``watch_only``), or any (stopping)."""

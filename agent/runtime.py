@@ -222,6 +222,7 @@ class Agent:
         # No waiting claim keeps the session alive any more: heartbeats again, from the version
         # the drain left (sent before the drain's answer, one would race it and be refused).
         self.heartbeat.resume()
+        self.claims.recover_cut_short()  # a draining session claims nothing new: replays only
         log.info(
             "draining: waiting up to %ss for %s running attempt(s)",
             self.settings.drain_timeout,

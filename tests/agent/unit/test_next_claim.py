@@ -10,7 +10,7 @@ import pytest
 
 from agent import claims as claims_module
 from agent.attempts import AttemptRunner
-from agent.client import ApiError
+from agent.client import ApiError, TransportError
 from agent.runtime import Agent
 from protocol import wire
 from tests.agent.unit.test_long_poll import FakeClient, make_agent, session_answer
@@ -209,3 +209,36 @@ def test_a_release_refused_because_the_lease_already_ended_starts_nothing(tmp_pa
     agent.request_shutdown()
     assert agent.claims._start([offer(offer_id=offers[0]["offerId"])], offers) == 0  # type: ignore[list-item]
     assert started == [] and len(client.calls) == 1
+
+
+def test_a_waiting_claim_cut_short_by_sigterm_has_what_it_claimed_learnt_and_released(tmp_path):
+    """SIGTERM interrupts the waiting claim (its answer is lost with the connection). Once the
+    session is draining, each of its offers is sent again alone: the one that had claimed an
+    attempt is answered as a replay and released; the other is refused ``session_draining``."""
+    released = {"status": "released", "lease": {}, "cancelRequested": False}
+    draining = ApiError(409, "session_draining", "the session is draining")
+    agent, client = make_agent(tmp_path, {wire.LEASE_RELEASE: [released]}, max_concurrent=2)
+    started: list[AttemptRunner] = []
+    agent.start_runner = started.append  # type: ignore[method-assign]
+
+    def wait(path, body, **kwargs):  # the wait is cut short by SIGTERM
+        client.calls.append((path, body, kwargs))
+        agent.request_shutdown()
+        raise TransportError("interrupted")
+
+    plain = client.post
+    client.post = lambda path, body, **kw: (  # type: ignore[method-assign]
+        wait(path, body, **kw) if path == wire.CLAIM_WAIT else plain(path, body, **kw)
+    )
+    assert agent.claims.wait_once() is None
+    [(_, waited, _)] = client.calls
+    first, second = waited["offers"]
+    assert agent.claims.cut_short == [first, second]
+    client.script[wire.CLAIM] = [{"offers": [offer(offer_id=first["offerId"])]}, draining]
+    agent.session.mark_draining()
+    assert agent.claims.recover_cut_short() == 0
+    assert started == [] and agent.claims.cut_short == []
+    sent = [(path, body) for path, body, _ in client.calls[1:]]
+    assert [path for path, _ in sent] == [wire.CLAIM, wire.LEASE_RELEASE, wire.CLAIM]
+    assert sent[0][1]["offers"] == [first] and sent[2][1]["offers"] == [second]
+    assert sent[1][1]["leaseToken"] == first["leaseToken"]
