@@ -1,10 +1,11 @@
 """SIGTERM lands while a claim's answer is in flight (agent/claims.py; docs/leases.md, "The next
-claim"): a real agent against the live server, whose claim is held for 2 s once it has claimed.
+claim"): a real agent against the live server.
 
 What was claimed is released at once, not started, and the agent goes offline cleanly (exit 0) —
 through the short claim, through the waiting claim (whose answer SIGTERM cut off: learnt again by
 replaying its offers once draining), and when the control plane does not answer the release (the
-attempt is started instead, as work leased before a drain)."""
+attempt is started instead, as work leased before a drain). The claim holds its answer until the
+test has sent SIGTERM, and a second more for the agent's handler to run."""
 
 from __future__ import annotations
 
@@ -27,26 +28,34 @@ from workers.models import WorkerSession
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-#: How long the claim's answer is held once it claimed: SIGTERM is sent meanwhile.
-HELD_SECONDS = 2.0
+#: How long a claim's answer is still held once SIGTERM was sent: for the agent's handler to run.
+AFTER_SIGNAL_SECONDS = 1.0
 
 
-def held(module, claimed: threading.Event, then=lambda: None):
-    """Make ``module.lease_claim`` hold its answer once it claimed something."""
-    original = module.lease_claim
+class Claiming:
+    """The claim has claimed (``claimed``); the test has sent SIGTERM (``signalled``)."""
 
-    def claim(**kwargs):
-        offers = original(**kwargs)
-        if offers:
-            claimed.set()
-            time.sleep(HELD_SECONDS)
-            then()
-        return offers
+    def __init__(self) -> None:
+        self.claimed = threading.Event()
+        self.signalled = threading.Event()
 
-    return claim
+    def held(self, module):
+        """``module.lease_claim``, holding its answer once it claimed something until SIGTERM was
+        sent (and a moment more)."""
+        original = module.lease_claim
+
+        def claim(**kwargs):
+            offers = original(**kwargs)
+            if offers:
+                self.claimed.set()
+                self.signalled.wait(60)
+                time.sleep(AFTER_SIGNAL_SECONDS)
+            return offers
+
+        return claim
 
 
-def stop_while_claiming(live_server, tmp_path, name: str, claimed: threading.Event, *args: str):
+def stop_while_claiming(live_server, tmp_path, name: str, claiming: Claiming, *args: str):
     """Enroll and run an agent, enqueue one run, SIGTERM it once the claim claimed; returns
     (exit code, run, session)."""
     worker = worker_create(name=name)
@@ -59,10 +68,12 @@ def stop_while_claiming(live_server, tmp_path, name: str, claimed: threading.Eve
             lambda: WorkerSession.objects.filter(worker=worker, state="online").first(), what="the session"
         )
         run = enqueue(make_revision(command="echo hi"))
-        assert claimed.wait(30)
+        assert claiming.claimed.wait(30)
         process.send_signal(signal.SIGTERM)
+        claiming.signalled.set()
         code = process.wait(90)
     finally:
+        claiming.signalled.set()
         if process.poll() is None:
             process.kill()
             process.wait()
@@ -77,9 +88,9 @@ def short_leases(protocol_settings):
 
 @pytest.mark.usefixtures("short_leases")
 def test_what_a_short_claim_answered_after_sigterm_is_released(live_server, tmp_path, monkeypatch):
-    claimed = threading.Event()
-    monkeypatch.setattr(views, "lease_claim", held(views, claimed))
-    code, run, session = stop_while_claiming(live_server, tmp_path, "short", claimed, "--no-long-poll")
+    claiming = Claiming()
+    monkeypatch.setattr(views, "lease_claim", claiming.held(views))
+    code, run, session = stop_while_claiming(live_server, tmp_path, "short", claiming, "--no-long-poll")
     lease = RunDispatchLease.objects.get(attempt__run=run)
     assert (code, session.state) == (0, "offline")
     assert (lease.state, lease.release_reason) == ("released", "worker_release")
@@ -88,9 +99,9 @@ def test_what_a_short_claim_answered_after_sigterm_is_released(live_server, tmp_
 
 @pytest.mark.usefixtures("short_leases")
 def test_what_a_cut_short_waiting_claim_claimed_is_learnt_and_released(live_server, tmp_path, monkeypatch):
-    claimed = threading.Event()
-    monkeypatch.setattr(waiting, "lease_claim", held(waiting, claimed))
-    code, run, session = stop_while_claiming(live_server, tmp_path, "waiting", claimed)
+    claiming = Claiming()
+    monkeypatch.setattr(waiting, "lease_claim", claiming.held(waiting))
+    code, run, session = stop_while_claiming(live_server, tmp_path, "waiting", claiming)
     lease = RunDispatchLease.objects.get(attempt__run=run)
     assert (code, session.state) == (0, "offline")  # it was exit 5: session_has_active_leases
     assert (lease.state, lease.release_reason) == ("released", "worker_release")
@@ -98,23 +109,16 @@ def test_what_a_cut_short_waiting_claim_claimed_is_learnt_and_released(live_serv
 
 @pytest.mark.usefixtures("short_leases")
 def test_a_release_not_answered_runs_the_attempt_instead(live_server, tmp_path, monkeypatch):
-    """The lease calls answer 503 for 8 s from the claim's answer on: the release gives up after
-    5 s and the attempt is started; its starting ACK gets through once the blip ends."""
-    claimed = threading.Event()
-    until: list[float] = []
+    """The control plane answers every release 503 (its database busy): the agent gives up after
+    5 s and starts the attempt, as work leased before a drain, instead of leaving the lease to
+    lapse — which kept the session from going offline (``session_has_active_leases``, exit 5)."""
 
-    def blip(real):
-        def call(**kwargs):
-            if until and time.monotonic() < until[0]:
-                raise DomainError("storage_busy", "the database is busy; retry", retry_after=1)
-            return real(**kwargs)
+    def busy(**kwargs):
+        raise DomainError("storage_busy", "the database is busy; retry", retry_after=1)
 
-        return call
-
-    for name in ("lease_release", "lease_starting"):
-        monkeypatch.setattr(views, name, blip(getattr(views, name)))
-    claim = held(views, claimed, then=lambda: until.append(time.monotonic() + 8.0))
-    monkeypatch.setattr(views, "lease_claim", claim)
-    code, run, session = stop_while_claiming(live_server, tmp_path, "blip", claimed, "--no-long-poll")
-    assert (code, session.state) == (0, "offline")  # it was exit 5, the lease left to lapse
+    claiming = Claiming()
+    monkeypatch.setattr(views, "lease_release", busy)
+    monkeypatch.setattr(views, "lease_claim", claiming.held(views))
+    code, run, session = stop_while_claiming(live_server, tmp_path, "busy", claiming, "--no-long-poll")
+    assert (code, session.state) == (0, "offline")
     assert RunAttempt.objects.get(run=run).state == "succeeded"
