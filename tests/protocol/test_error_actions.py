@@ -51,6 +51,8 @@ SPELLED_OUT = {
     "session_version_conflict": WorkerAction.ADOPT_VERSION,  # heartbeat/drain/offline
     "lease_version_conflict": WorkerAction.ADOPT_VERSION,  # renew
     "session_offline": WorkerAction.RESTART,  # fenced; the goal of the offline call itself
+    # a stopping agent's release of what a claim brought: the lease is gone, nothing to start
+    "lease_released": WorkerAction.ABANDON_ATTEMPT,
     # a waiting claim refused for its waitSeconds: an older control plane, short-poll from then on
     "validation_failed": WorkerAction.FIX_REQUEST,
 }
