@@ -266,12 +266,10 @@ class Claims:
                         len(answered) - index - 1,
                     )
                     return self._launch(answered[index:], offers)
-                if isinstance(exc, ApiError) and exc.code == "lease_released":
-                    log.info("attempt %s claimed while stopping: released", lease["attemptId"])  # a resend
-                else:
+                if not (isinstance(exc, ApiError) and exc.code == "lease_released"):  # not a resend
                     log.info("attempt %s claimed while stopping, not released: %s", lease["attemptId"], exc)
-            else:
-                log.info("attempt %s claimed while stopping: released", lease["attemptId"])
+                    continue
+            log.info("attempt %s claimed while stopping: released", lease["attemptId"])
         return 0
 
     def recover_cut_short(self) -> int:

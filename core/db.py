@@ -336,6 +336,7 @@ class _Statements:
     raised as psycopg's ``OperationalError`` whatever libpq's last result says — often "server
     closed the connection unexpectedly", with no SQLSTATE — so that it is the 503 of a database
     outage (``core.dependencies``), as through the cursor.
+
     They are kept on the psycopg connection itself (a pooled one serves many requests and keeps
     its statements), so they go with it: a mapping keyed by the connection would keep every
     connection a thread left behind open through the transformer's reference to it.
