@@ -424,11 +424,14 @@ _bound_templates: dict[frozenset, tuple[Bound, ...]] = {}
 _BOUND_SCORES_LIMIT = 1024
 _BOUND_TEMPLATES_LIMIT = 64
 
-_CLAIM_SQL = typed_call(
-    "ql_lease_claim",
+#: ``ql_lease_claim``'s argument types (``next_claim`` calls it inside its completion's function too).
+CLAIM_TYPES = (
     "uuid, uuid, bigint, uuid[], text[], uuid[], text[], text[], integer[], uuid[], text[], text, interval, "
-    "interval, integer, integer, integer, integer, text, text, text",
+    "interval, integer, integer, integer, integer, text, text, text"
 )
+_CLAIM_SQL = typed_call("ql_lease_claim", CLAIM_TYPES)
+#: :meth:`FunctionClaim.answered`: the function answered what this process has now learnt; call again.
+AGAIN = object()
 
 
 def _bounded(cache: dict, key, value) -> None:
@@ -533,6 +536,22 @@ def _claim_in_database(
     ``revision`` when this process has not yet evaluated a waiting placement class or templated a
     revision: those are learnt and the call repeated (at most a few times; then Python answers).
     """
+    claim = function_claim(worker_id=worker_id, session_id=session_id, generation=generation, offers=offers)
+    if claim is None:
+        return None
+    for _ in range(4):
+        (answer,) = call_function(_CLAIM_SQL, claim.params())
+        claimed = claim.answered(answer)
+        if claimed is not AGAIN:
+            return claimed  # type: ignore[return-value]
+    return None
+
+
+def function_claim(
+    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
+) -> FunctionClaim | None:
+    """A claim to make through ``ql_lease_claim`` (PostgreSQL), or None when the session is not
+    found (the Python path answers). Arguments as :func:`lease_claim`'s, ``offers`` checked."""
     caps = _session_caps.get(session_id)
     if caps is None:
         row = WorkerSession.objects.filter(pk=session_id, worker_id=worker_id).values_list(
@@ -543,22 +562,43 @@ def _claim_in_database(
             return None
         caps = found[0]
         _bounded(_session_caps, session_id, caps)
-    settings = protocol()
-    digests = [token_digest(o.lease_token, worker_id=worker_id) for o in offers]
-    lease_ids = [uuid7() for _ in offers]
-    for _ in range(4):
+    return FunctionClaim(worker_id, session_id, generation, offers, caps)
+
+
+class FunctionClaim:
+    """One claim through ``ql_lease_claim``: its parameters (:meth:`params`, from what this process
+    knows at the time of the call) and the reading of the function's answer (:meth:`answered`).
+    The lease ids and token digests are drawn once: a call that claimed nothing wrote nothing."""
+
+    def __init__(
+        self,
+        worker_id: uuid.UUID,
+        session_id: uuid.UUID,
+        generation: int,
+        offers: list[OfferRequest],
+        caps: tuple[str, str],
+    ) -> None:
+        self.worker_id, self.session_id, self.generation = worker_id, session_id, generation
+        self.offers, self.caps = offers, caps
+        self.digests = [token_digest(o.lease_token, worker_id=worker_id) for o in offers]
+        self.lease_ids = [uuid7() for _ in offers]
+        self.templates: dict[uuid.UUID, str] = {}
+
+    def params(self) -> list[Any]:
+        """``ql_lease_claim``'s arguments, in :data:`CLAIM_TYPES`' order."""
+        settings = protocol()
         # Copies (one C-level step each under the GIL): another thread may learn or clear these
         # caches meanwhile, and the answer is built after the function has committed the claim.
-        scores = dict(_class_scores.get(caps[0], {}))
-        templates = _recent_templates()
-        params: list[Any] = [
-            worker_id,
-            session_id,
-            generation,
-            [o.offer_id for o in offers],
-            digests,
-            lease_ids,
-            *_known(scores, templates),
+        scores = dict(_class_scores.get(self.caps[0], {}))
+        self.templates = _recent_templates()
+        return [
+            self.worker_id,
+            self.session_id,
+            self.generation,
+            [o.offer_id for o in self.offers],
+            self.digests,
+            self.lease_ids,
+            *_known(scores, self.templates),
             secrets.token_hex(2),
             timedelta(seconds=settings.dispatch_timeout_seconds),
             timedelta(seconds=settings.dispatch_hold_seconds),
@@ -570,27 +610,32 @@ def _claim_in_database(
             str(_ATTEMPT_MARKER),
             str(_NUMBER_MARKER),
         ]
-        (answer,) = call_function(_CLAIM_SQL, params)
+
+    def answered(self, answer: Any) -> list[Offer] | None | object:
+        """The offers the call (made with the last :meth:`params`) claimed; :data:`AGAIN` when
+        it answered a placement class or revision this process has learnt now (call again);
+        None when the Python path must answer (the call wrote nothing)."""
         if isinstance(answer, str):
             answer = json.loads(answer)
         status = answer["status"]
         if status == "claimed":
             claimed = [
-                _offer(item, templates, worker_id, session_id, offers, digests) for item in answer["offers"]
+                _offer(item, self.templates, self.worker_id, self.session_id, self.offers, self.digests)
+                for item in answer["offers"]
             ]
             for item in answer["offers"]:
                 _used(uuid.UUID(item["revision"]))
             return claimed
         if status == "unknown":
-            _learn_classes(caps[0], caps[1], answer["classes"])
-        elif status == "revision":
+            _learn_classes(self.caps[0], self.caps[1], answer["classes"])
+            return AGAIN
+        if status == "revision":
             revision_id = uuid.UUID(answer["revision"])
             if _spec_template(revision_id) is None:
                 return None
             _used(revision_id)  # learnt now or cached but not among the recent ones sent
-        else:
-            return None
-    return None
+            return AGAIN
+        return None
 
 
 def _offer(

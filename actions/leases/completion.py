@@ -67,7 +67,8 @@ class CompletionResult:
     outcome: str
 
 
-def _check_completion(completion: Completion) -> None:
+def check_completion(completion: Completion) -> None:
+    """Refuse (``validation_failed`` naming ``outcome`` or ``exitCode``) a report no attempt can end with."""
     if completion.outcome not in OUTCOMES:
         raise DomainError("validation_failed", f"must be one of {', '.join(OUTCOMES)}", field="outcome")
     if completion.outcome == AttemptState.SUCCEEDED and completion.exit_code != 0:
@@ -76,7 +77,7 @@ def _check_completion(completion: Completion) -> None:
 
 def _complete_first(**call: Any) -> CompletionResult | None:
     """:func:`lease_complete`'s database path (``core.db.write_path``): its arguments, as given."""
-    _check_completion(call["completion"])
+    check_completion(call["completion"])
     return _complete_in_database(**call)
 
 
@@ -116,7 +117,7 @@ def lease_complete(
     Raises: ``validation_failed``, fence codes, ``lease_completed``, ``lease_released``,
     ``lease_expired``, ``attempt_not_started``, ``cancel_not_requested``, ``lock_timeout``.
     """
-    _check_completion(completion)
+    check_completion(completion)
     ctx = fence_lease(
         worker_id=worker_id,
         session_id=session_id,
@@ -190,15 +191,13 @@ _attempts: dict[uuid.UUID, tuple[uuid.UUID, int]] = {}
 #: {revision id: the revision}; a pinned revision is immutable.
 _revisions: dict[uuid.UUID, TaskRevision] = {}
 
-#: The completion, and whether any process holds waiting claims to wake (``core.wakeups``).
-_COMPLETE_SQL = (
-    typed_call(
-        "ql_lease_complete",
-        "uuid, uuid, bigint, uuid, integer, text, uuid, integer, integer, text, integer, text, text, text, "
-        "text[], text[], text[], interval[], jsonb",
-    )
-    + f", {LISTENING_SQL}"
+#: ``ql_lease_complete``'s argument types (``next_claim`` calls it inside its claim's function too).
+COMPLETE_TYPES = (
+    "uuid, uuid, bigint, uuid, integer, text, uuid, integer, integer, text, integer, text, text, text, "
+    "text[], text[], text[], interval[], jsonb"
 )
+#: The completion, and whether any process holds waiting claims to wake (``core.wakeups``).
+_COMPLETE_SQL = typed_call("ql_lease_complete", COMPLETE_TYPES) + f", {LISTENING_SQL}"
 
 
 def remember_attempt(attempt_id: uuid.UUID, revision_id: uuid.UUID, number: int) -> None:
@@ -259,6 +258,54 @@ def _plan(revision: TaskRevision, number: int, completion: Completion) -> list[A
     ]
 
 
+def complete_params(
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    attempt_id: uuid.UUID,
+    lease_generation: int,
+    lease_token: str,
+    completion: Completion,
+    known: tuple[uuid.UUID, int] | None,
+) -> list[Any]:
+    """``ql_lease_complete``'s arguments (:data:`COMPLETE_TYPES`' order) for ``known``, the
+    attempt's (revision id, number) as this process believes them; None: ask the function
+    (it answers ``learn`` with them, writing nothing)."""
+    if known is None:
+        plan: list[Any] = ["", "", [], [], [], [], Jsonb([])]  # answered by ``learn``
+    else:
+        plan = _plan(_revision(known[0]), known[1], completion)
+    return [
+        worker_id,
+        session_id,
+        generation,
+        attempt_id,
+        lease_generation,
+        token_digest(lease_token, worker_id=worker_id),
+        known[0] if known is not None else None,
+        known[1] if known is not None else None,
+        completion.sequence,
+        completion.outcome,
+        completion.exit_code,
+        completion.sha256(),
+        *plan,
+    ]
+
+
+def known_attempt(attempt_id: uuid.UUID) -> tuple[uuid.UUID, int] | None:
+    """The (revision id, number) this process has noted for ``attempt_id`` (:func:`remember_attempt`)."""
+    return _attempts.get(attempt_id)
+
+
+def completed_in_database(worker_id: uuid.UUID, attempt_id: uuid.UUID, listening: bool) -> None:
+    """After ``ql_lease_complete`` completed ``attempt_id`` (committed): forget its revision and,
+    when ``listening`` (some process holds waiting claims), wake the worker's waiting requests."""
+    _attempts.pop(attempt_id, None)
+    if listening:
+        worker_changed(worker_id)  # capacity freed: the worker's waiting requests answer it
+
+
 def _complete_in_database(
     *,
     worker_id: uuid.UUID,
@@ -274,37 +321,23 @@ def _complete_in_database(
     One statement, its own transaction (``core.db.write_path``). Without the attempt's revision and number the
     first call only learns them (``learn``); at most two calls, then the Python path.
     """
-    fence: list[Any] = [
-        worker_id,
-        session_id,
-        generation,
-        attempt_id,
-        lease_generation,
-        token_digest(lease_token, worker_id=worker_id),
-    ]
     known = _attempts.get(attempt_id)
     for _ in range(2):
-        if known is None:
-            plan: list[Any] = ["", "", [], [], [], [], Jsonb([])]  # answered by ``learn``
-        else:
-            plan = _plan(_revision(known[0]), known[1], completion)
-        params = [
-            *fence,
-            known[0] if known is not None else None,
-            known[1] if known is not None else None,
-            completion.sequence,
-            completion.outcome,
-            completion.exit_code,
-            completion.sha256(),
-            *plan,
-        ]
+        params = complete_params(
+            worker_id=worker_id,
+            session_id=session_id,
+            generation=generation,
+            attempt_id=attempt_id,
+            lease_generation=lease_generation,
+            lease_token=lease_token,
+            completion=completion,
+            known=known,
+        )
         answer, listening = call_function(_COMPLETE_SQL, params)
         if isinstance(answer, str):
             answer = json.loads(answer)
         if answer["status"] == "completed":
-            _attempts.pop(attempt_id, None)
-            if listening:
-                worker_changed(worker_id)  # capacity freed: the worker's waiting requests answer it
+            completed_in_database(worker_id, attempt_id, listening)
             return CompletionResult(attempt_id, lease_generation, completion.sequence, completion.outcome)
         if answer["status"] != "learn":
             return None

@@ -5,7 +5,8 @@ nothing written; a resend replays both halves."""
 from __future__ import annotations
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
 
 from actions.leases import next_claim
 from actions.leases.claims import OfferRequest
@@ -122,7 +123,9 @@ def test_a_resend_replays_the_completion_and_the_same_offer():
 def test_a_database_failing_the_claim_is_its_refusal_and_the_completion_stands(monkeypatch):
     """Review finding 3: the completion is committed when the claim runs; a database error there
     must not answer 503 for the whole call (the worker would resend a recorded completion until
-    its hard deadline). Any other error still propagates."""
+    its hard deadline). Any other error still propagates. The two-call road (on PostgreSQL the
+    one call rolls both parts back on such an error, and this road answers: the test below)."""
+    monkeypatch.setattr(next_claim, "_in_one_call", lambda **_: None)
     held, queued = running()
 
     def unreachable(**_):
@@ -143,3 +146,54 @@ def test_a_database_failing_the_claim_is_its_refusal_and_the_completion_stands(m
     monkeypatch.setattr(next_claim, "lease_claim", broken)
     with pytest.raises(RuntimeError):
         complete_and_claim(held2, OfferTicket())
+
+
+postgresql_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PostgreSQL's one call (migration leases 0017)"
+)
+
+
+@postgresql_only
+def test_pg_the_completion_and_its_claim_are_one_statement(protocol_settings):
+    protocol_settings(DISPATCH_HOLD_SECONDS=0)  # the ranking's hold leaves a fresh run to Python
+    held, queued = running()
+    with CaptureQueriesContext(connection) as queries:
+        result, answered = complete_and_claim(held, OfferTicket())
+    assert result.outcome == "succeeded" and held.lease().state == "completed"
+    assert [offer.lease.run_id for offer in answered.offers] == [queued.pk]
+    calls = [q["sql"] for q in queries if "ql_lease_" in q["sql"]]
+    assert len(calls) == 1 and "ql_lease_complete_and_claim(" in calls[0], calls
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_pg_a_failed_one_call_wrote_nothing_and_the_two_call_road_answers(monkeypatch):
+    """The one call fails before it commits (an outage, a QL409 race, a lock timeout): nothing of
+    it stands, and the two-call road records the completion and claims the next run, once each."""
+    held, queued = running()
+    real = next_claim.call_function
+    failed: list[str] = []
+
+    def failing_once(sql, params):
+        if "ql_lease_complete_and_claim(" in sql and not failed:
+            failed.append(sql)
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(sql, params)
+
+    monkeypatch.setattr(next_claim, "call_function", failing_once)
+    result, answered = complete_and_claim(held, OfferTicket())
+    assert failed and result.outcome == "succeeded" and held.lease().state == "completed"
+    assert [offer.lease.run_id for offer in answered.offers] == [queued.pk]
+    assert RunDispatchLease.objects.filter(run_id=queued.pk).count() == 1
+
+
+@postgresql_only
+def test_pg_a_claim_the_one_call_leaves_to_python_is_answered_after_the_completion():
+    """An offer id this worker already used: the function's claim part hands it back (nothing
+    written), and the completion it committed stands; the claim is answered as a claim would be."""
+    held, _ = running(max_concurrent=2)
+    other = start(claim_one(held.session))  # the second slot takes the queued run
+    result, answered = complete_and_claim(held, OfferTicket(offer_id=other.ticket.offer_id))
+    assert result.outcome == "succeeded" and held.lease().state == "completed"
+    assert answered.offers == [] and answered.refused is not None
+    assert answered.refused.code == "lease_offer_conflict"

@@ -42,7 +42,7 @@ BUDGETS = {
     "renew": (1, 10),
     "complete": (2, 14),  # PostgreSQL: + its wake-up (as the release)
     "complete_learning": (3, 14),  # PostgreSQL: the running ACK went to another replica
-    "complete_and_claim": (3, 29),  # a completion, its wake-up and a claim (docs/leases.md)
+    "complete_and_claim": (2, 29),  # PostgreSQL: both in one call (leases 0017) + its wake-up
     "heartbeat": (1, 2),
     "heartbeat_write": (1, 7),
     "append_first": (2, 12),  # the first chunk of an attempt in this process (PostgreSQL: + its state)
