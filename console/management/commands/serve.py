@@ -26,7 +26,7 @@ from typing import IO
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from granian.constants import HTTPModes, Interfaces
+from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
 from granian.server import MPServer
@@ -171,6 +171,10 @@ class Command(BaseCommand):
             address=options["host"],
             port=options["port"],
             interface=Interfaces.ASGINL,
+            # uvloop, named rather than left to Granian's "auto": auto takes whichever loop package
+            # happens to be installed (rloop, an early-stage loop, before uvloop), so the loop the
+            # tests and bench-claim ran on would not be the one a deployment gets.
+            loop=Loops.uvloop,
             workers=options["workers"],
             http=HTTPModes.http1,
             websockets=False,
