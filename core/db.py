@@ -212,10 +212,9 @@ def write_path(
                 # __context__ (core.dependencies would read a bug as the store's outage).
                 outcome = retried(args, kwargs, failure)
         except OperationalError as exc:
-            if _sqlstate(exc) == _PG_LOCK_NOT_AVAILABLE:
-                raise DomainError(
-                    "lock_timeout", "a row lock was not granted in time; retry", retry_after=1
-                ) from exc
+            refusal = lock_timeout_refusal(exc)
+            if refusal is not None:
+                raise refusal from exc
             if is_transient(exc):
                 log.warning("storage busy after retries in %s", fn.__qualname__)
                 raise DomainError("storage_busy", "the database is busy; retry", retry_after=1) from exc
@@ -233,6 +232,15 @@ def write_path(
         return outcome
 
     return wrapper
+
+
+def lock_timeout_refusal(exc: BaseException) -> DomainError | None:
+    """``DomainError("lock_timeout")`` (503, ``Retry-After: 1``) when ``exc`` is PostgreSQL refusing
+    a row lock after the connection's ``lock_timeout`` (55P03), else None. Such a wait is not
+    retried: the lock holder is slow, not racing (:func:`write_path`)."""
+    if isinstance(exc, OperationalError) and _sqlstate(exc) == _PG_LOCK_NOT_AVAILABLE:
+        return DomainError("lock_timeout", "a row lock was not granted in time; retry", retry_after=1)
+    return None
 
 
 def db_now() -> datetime:

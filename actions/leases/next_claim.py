@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from core.db import call_function, typed_call
+from core.db import call_function, lock_timeout_refusal, typed_call
 from core.dependencies import dependency_error
 from core.errors import DomainError
 from core.wakeups import LISTENING_SQL
@@ -115,16 +115,22 @@ def _claim(
         claimed = lease_claim(
             worker_id=worker_id, session_id=session_id, generation=generation, offers=offers
         )
-    except DomainError as refusal:
-        return NextClaim([], refusal)
     except Exception as exc:
-        # The completion is committed: a database that fails the claim must not make it look
-        # refused (the worker would resend it until its hard deadline). Its 503 is the refusal.
-        unavailable = dependency_error(exc)
-        if unavailable is None:
-            raise
-        return NextClaim([], unavailable)
+        return _refused(exc)
     return NextClaim(claimed)
+
+
+def _refused(exc: Exception) -> NextClaim:
+    """The claim's refusal after a committed completion: a ``DomainError`` as it is, a database
+    failure as its 503 code (``core.dependencies``); anything else (a bug) is raised. The
+    completion is committed: a database that fails the claim must not make the whole call look
+    refused (the worker would resend it until its hard deadline)."""
+    if isinstance(exc, DomainError):
+        return NextClaim([], exc)
+    unavailable = dependency_error(exc)
+    if unavailable is None:
+        raise exc
+    return NextClaim([], unavailable)
 
 
 def _in_one_call(
@@ -143,10 +149,12 @@ def _in_one_call(
     None when the two-call road must answer, with nothing written: this process does not know
     the attempt's revision (the function's ``learn`` teaches it) or the session, the completion
     was not the function's to make (a refusal or replay: ``lease_complete`` answers it), or the
-    call failed (a ``QL409`` race, a lock timeout, an outage: both parts rolled back, and the
-    two-call road retries and answers them as it always does; a commit whose answer was lost is
-    replayed there exactly). Once the completion is committed, a claim the function left to Python
-    (a refusal, a class or revision to learn) is made as the two-call road makes it."""
+    call failed (a ``QL409`` race, an outage: both parts rolled back, and the two-call road
+    retries and answers them as it always does; a commit whose answer was lost is replayed there
+    exactly). A lock wait that ran out is raised as ``lock_timeout`` (503), as the completion's
+    own call raises it: not waited for a second time. Once the completion is committed, a claim
+    the function left to Python (a refusal, a class or revision to learn) is made as the two-call
+    road makes it, and a failure of the database meanwhile is the claim's refusal, not the call's."""
     known = known_attempt(attempt_id)
     claim = function_claim(worker_id=worker_id, session_id=session_id, generation=generation, offers=offers)
     if known is None or claim is None:
@@ -164,9 +172,12 @@ def _in_one_call(
     params += claim.params()[3:]  # its worker, session and generation are the completion's
     try:
         answer, listening = call_function(_COMPLETE_AND_CLAIM_SQL, params)
-    except Exception:
+    except Exception as exc:
         if connection.in_atomic_block:  # a caller's transaction (tests) is spoilt: nothing to retry in
             raise
+        refusal = lock_timeout_refusal(exc)
+        if refusal is not None:  # answered as the completion's own call answers it: not waited twice
+            raise refusal from exc
         return None
     if isinstance(answer, str):
         answer = json.loads(answer)
@@ -177,7 +188,10 @@ def _in_one_call(
         return None
     completed_in_database(worker_id, attempt_id, listening)
     result = CompletionResult(attempt_id, lease_generation, completion.sequence, completion.outcome)
-    claimed = claim.answered(answer["claim"])
+    try:
+        claimed = claim.answered(answer["claim"])  # may read what it learns: the database may fail
+    except Exception as exc:
+        return result, _refused(exc)
     if claimed is None or claimed is AGAIN:
         return result, _claim(
             worker_id=worker_id, session_id=session_id, generation=generation, offers=offers

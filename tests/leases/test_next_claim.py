@@ -4,17 +4,20 @@ nothing written; a resend replays both halves."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
-from actions.leases import next_claim
+from actions.leases import claims, next_claim
+from actions.leases import completion as completion_module
 from actions.leases.claims import OfferRequest
 from actions.leases.next_claim import lease_complete_and_claim
 from actions.sessions.shutdown import session_drain
 from core.errors import DomainError
 from leases.models import RunDispatchLease
 from runs.models import Run
+from tests.concurrency.threads import LockHolder, libpq_params
 from tests.helpers import OfferTicket, enqueue, enrolled_worker, make_revision, register
 from tests.leases.flows import Held, claim_one, completion, lease_rows, start
 
@@ -197,3 +200,66 @@ def test_pg_a_claim_the_one_call_leaves_to_python_is_answered_after_the_completi
     assert result.outcome == "succeeded" and held.lease().state == "completed"
     assert answered.offers == [] and answered.refused is not None
     assert answered.refused.code == "lease_offer_conflict"
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_pg_a_database_lost_while_the_claim_learns_after_the_one_call_is_the_claims_refusal(
+    protocol_settings, monkeypatch
+):
+    """Review finding: the one call committed the completion and its claim part answered a
+    placement class this process had not evaluated; learning it reads the database, which went
+    away at that moment (its backend terminated from another connection). The completion stands
+    and the claim is refused with the outage's code, as on the two-call road; not a 503."""
+    protocol_settings(DISPATCH_HOLD_SECONDS=0)
+    held, _ = running()
+    enqueue(make_revision(placement={"required": {"labels": {"zone": "eu-1"}}}))  # a class not evaluated
+    learn = claims._learn_classes
+    killed: list[int] = []
+
+    def lost_meanwhile(*args, **kwargs):
+        if not killed:
+            killed.append(connection.connection.info.backend_pid)
+            with psycopg.connect(**libpq_params(), autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s)", killed)
+        return learn(*args, **kwargs)
+
+    monkeypatch.setattr(claims, "_learn_classes", lost_meanwhile)
+    result, answered = complete_and_claim(held, OfferTicket())
+    connection.close()
+    assert killed and result.outcome == "succeeded" and held.lease().state == "completed"
+    assert answered.offers == [] and answered.refused is not None
+    assert answered.refused.code == "database_unavailable"
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_pg_a_lock_timeout_in_the_one_call_is_answered_without_a_second_wait(protocol_settings, monkeypatch):
+    """Review finding: the one call's lock wait ran out (another transaction holds the worker
+    row); it is answered ``lock_timeout`` as the completion's own call answers it, not retried
+    on the two-call road (a second wait of ``lock_timeout``). Nothing is written."""
+    protocol_settings(DISPATCH_HOLD_SECONDS=0)
+    held, _ = running()
+    calls: list[str] = []
+    real = completion_module.call_function
+
+    def counted(sql, params):
+        calls.append(sql)
+        return real(sql, params)
+
+    monkeypatch.setattr(completion_module, "call_function", counted)
+    holder = LockHolder(held.session.worker.worker_id)
+    holder.start()
+    assert holder.locked.wait(10)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 200")
+        with pytest.raises(DomainError) as refused:
+            complete_and_claim(held, OfferTicket())
+    finally:
+        holder.release.set()
+        holder.join(10)
+        connection.close()  # the SET goes with it
+    assert refused.value.code == "lock_timeout"
+    assert calls == []  # the two-call road's completion was never tried
+    assert held.lease().state == "leased"
