@@ -4,6 +4,8 @@ nothing written; a resend replays both halves."""
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 import pytest
 from django.db import OperationalError, connection
@@ -213,7 +215,8 @@ def test_pg_a_database_lost_while_the_claim_learns_after_the_one_call_is_the_cla
     and the claim is refused with the outage's code, as on the two-call road; not a 503."""
     protocol_settings(DISPATCH_HOLD_SECONDS=0)
     held, _ = running()
-    enqueue(make_revision(placement={"required": {"labels": {"zone": "eu-1"}}}))  # a class not evaluated
+    # a placement class this process has not evaluated (unique: an earlier test may have met any other)
+    enqueue(make_revision(placement={"required": {"labels": {"zone": f"eu-{uuid.uuid4().hex}"}}}))
     learn = claims._learn_classes
     killed: list[int] = []
 
