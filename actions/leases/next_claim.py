@@ -156,8 +156,10 @@ def _in_one_call(
     the function left to Python (a refusal, a class or revision to learn) is made as the two-call
     road makes it, and a failure of the database meanwhile is the claim's refusal, not the call's."""
     known = known_attempt(attempt_id)
+    if known is None:
+        return None
     claim = function_claim(worker_id=worker_id, session_id=session_id, generation=generation, offers=offers)
-    if known is None or claim is None:
+    if claim is None:
         return None
     params = complete_params(
         worker_id=worker_id,
