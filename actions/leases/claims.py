@@ -289,6 +289,12 @@ def lease_claim(
     return _claim_orm(worker_id, session_id, generation, offers)
 
 
+#: :func:`lease_claim` without its database path (same transaction and retries), for a caller whose
+#: own ``ql_lease_claim`` call has just handed the claim to Python (``next_claim``): asking the
+#: function again would only repeat its work and its answer.
+lease_claim_in_python = write_path(lease_claim.__wrapped__)  # type: ignore[attr-defined]
+
+
 def _claim_orm(
     worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
 ) -> list[Offer]:

@@ -16,7 +16,15 @@ from core.errors import DomainError
 from core.wakeups import LISTENING_SQL
 from leases.offers import Offer
 
-from .claims import AGAIN, CLAIM_TYPES, OfferRequest, check_offers, function_claim, lease_claim
+from .claims import (
+    AGAIN,
+    CLAIM_TYPES,
+    OfferRequest,
+    check_offers,
+    function_claim,
+    lease_claim,
+    lease_claim_in_python,
+)
 from .completion import (
     COMPLETE_TYPES,
     Completion,
@@ -108,13 +116,18 @@ def lease_complete_and_claim(
 
 
 def _claim(
-    *, worker_id: uuid.UUID, session_id: uuid.UUID, generation: int, offers: list[OfferRequest]
+    *,
+    worker_id: uuid.UUID,
+    session_id: uuid.UUID,
+    generation: int,
+    offers: list[OfferRequest],
+    in_python: bool = False,
 ) -> NextClaim:
-    """The claim after a committed completion: its refusal answered, not raised."""
+    """The claim after a committed completion: its refusal answered, not raised. ``in_python``:
+    the server function has just handed this claim to Python (its Python path alone)."""
+    claim = lease_claim_in_python if in_python else lease_claim
     try:
-        claimed = lease_claim(
-            worker_id=worker_id, session_id=session_id, generation=generation, offers=offers
-        )
+        claimed = claim(worker_id=worker_id, session_id=session_id, generation=generation, offers=offers)
     except Exception as exc:
         return _refused(exc)
     return NextClaim(claimed)
@@ -196,6 +209,10 @@ def _in_one_call(
         return result, _refused(exc)
     if claimed is None or claimed is AGAIN:
         return result, _claim(
-            worker_id=worker_id, session_id=session_id, generation=generation, offers=offers
+            worker_id=worker_id,
+            session_id=session_id,
+            generation=generation,
+            offers=offers,
+            in_python=claimed is None,
         )
     return result, NextClaim(claimed)  # type: ignore[arg-type]
