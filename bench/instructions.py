@@ -18,8 +18,9 @@ alone, so that start-up, imports and fixtures cancel out:
   process over a 1k backlog (``claim_measure``: what bench-claim's claimers run), counted in
   the claimer's process — its Python, psycopg and libpq; PostgreSQL's side is not counted;
 * ``signed_loop_instructions``: bench-claim's HTTP loop (offer → starting ACK → running ACK →
-  complete carrying the next claim; a claim of its own only for the first) through Django's
-  WSGI handler in process (the real middleware, the hot endpoints, the cluster-control profile
+  complete carrying the next claim; a claim of its own only for the first) through serve's
+  handler of the worker API in process (``qinglong.handlers``: Django's WSGI handler, the
+  middleware less the console's, the hot endpoints, the cluster-control profile
   with Redis), the client's JSON and signing included (as ``bench/signed_path.py`` does): the
   request threads' work of bench-claim's HTTP loop, without Granian, the event loop and the
   thread hop, and without PostgreSQL's and Redis's side.
@@ -134,10 +135,10 @@ def _signed_child(pg_url: str, loops: int) -> None:
         NoEncryption,
         PrivateFormat,
     )
-    from django.core.handlers.wsgi import WSGIHandler  # noqa: PLC0415
     from http_claims import _loop as claim_loop  # noqa: PLC0415  (bench-claim's HTTP loop)
 
     from protocol.signer import WorkerKey  # noqa: PLC0415
+    from qinglong.handlers import WorkerAPIHandler  # noqa: PLC0415  (serve's handler of the worker API)
     from tests.helpers import enqueue, enrolled_worker, make_revision, register  # noqa: PLC0415
 
     claim_measure.wipe()  # each child starts from the same empty tables
@@ -148,7 +149,7 @@ def _signed_child(pg_url: str, loops: int) -> None:
     for _ in range(WARM_UP + 500):  # as many whatever the loops: the fixture cancels out
         enqueue(revision)
     worker = heartbeat.BenchWorker(
-        client=_InProcessClient(WSGIHandler(), enrolled.credential_id, key),
+        client=_InProcessClient(WorkerAPIHandler(), enrolled.credential_id, key),
         session_id=str(session.session_id),
         generation=session.generation,
     )

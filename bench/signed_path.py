@@ -22,7 +22,8 @@ rate limits and cached credentials), the worker rate limit lifted, the session l
 every heartbeat here is an unchanged one that writes nothing). A worker is enrolled and
 registers a session through the services (``tests.helpers``); then every request is signed in
 advance (fresh nonce each, PyNaCl: ``protocol.signer``) so that only the server's work is timed,
-and handed to Django's ``WSGIHandler`` as a WSGI environ: the real middleware list, URL
+and handed to serve's handler of the worker API (``qinglong.handlers.WorkerAPIHandler``: Django's
+``WSGIHandler`` with the middleware less the console's) as a WSGI environ: the middleware, URL
 resolution, the ``request_started``/``request_finished`` signals (the connection health check of
 ``CONN_HEALTH_CHECKS`` included), DRF, the view, the write path, the renderer. One database
 connection is kept throughout (``CONN_MAX_AGE`` is raised so it never expires mid-run): connection
@@ -115,7 +116,7 @@ def main() -> int:
 
     import secrets  # noqa: PLC0415
 
-    from django.core.handlers.wsgi import WSGIHandler, WSGIRequest  # noqa: PLC0415
+    from django.core.handlers.wsgi import WSGIRequest  # noqa: PLC0415
 
     from actions.leases.claims import OfferRequest, lease_claim  # noqa: PLC0415
     from api.auth import WorkerSignatureAuthentication  # noqa: PLC0415
@@ -123,6 +124,7 @@ def main() -> int:
     from protocol import strictjson, wire  # noqa: PLC0415
     from protocol.ids import uuid7  # noqa: PLC0415
     from protocol.signer import WorkerKey, sign_request  # noqa: PLC0415
+    from qinglong.handlers import WorkerAPIHandler  # noqa: PLC0415  (serve's handler of the worker API)
     from tests.helpers import enrolled_worker, register  # noqa: PLC0415
     from workers.principals import session_owner  # noqa: PLC0415
 
@@ -136,7 +138,7 @@ def main() -> int:
     )
 
     key = WorkerKey.from_pem(worker.key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
-    handler = WSGIHandler()
+    handler = WorkerAPIHandler()
 
     def bodies(kind: str, count: int) -> list[tuple[str, bytes, dict[str, str]]]:
         fence = {"sessionId": str(session.session_id), "generation": session.generation}

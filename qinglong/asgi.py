@@ -2,7 +2,8 @@
 
 Every request but the waiting ones runs Django's WSGI handler on a fixed pool of threads (a2wsgi's
 ``WSGIMiddleware``), one per request slot; the worker API's requests reach the same threads in one
-hop each way (``qinglong.serving.BufferedWSGI``). Django's own ASGI handler would run each request's
+hop each way (``qinglong.serving.BufferedWSGI``), and a handler without the console's middleware
+(``qinglong.handlers.WorkerAPIHandler``). Django's own ASGI handler would run each request's
 synchronous code in a thread made for that request (a ``ThreadSensitiveContext`` each): measured
 with bench-claim's signed-HTTP loops on 2 cores, the pooled threads serve about 1.5× as many
 (docs/performance.md), and a thread keeps its Redis client and cache objects between requests.
@@ -39,6 +40,7 @@ from django.core.wsgi import get_wsgi_application
 from django.urls import get_resolver
 
 from protocol import wire
+from qinglong.handlers import WorkerAPIHandler
 from qinglong.serving import BufferedWSGI, RequestGuard, exit_with_parent
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qinglong.settings")
@@ -51,9 +53,10 @@ _pooled = WSGIMiddleware(
     _wsgi,  # type: ignore[arg-type]  # django-stubs types the answer, not an iterable
     workers=settings.QINGLONG_SERVER["MAX_ACTIVE_REQUESTS"],
 )
-#: The worker API takes the buffered road to the same threads (``qinglong.serving.BufferedWSGI``).
+#: The worker API takes the buffered road to the same threads (``qinglong.serving.BufferedWSGI``),
+#: through Django's handler without the console's middleware (``qinglong.handlers``).
 django_application = BufferedWSGI(
-    _wsgi, executor=_pooled.executor, fallback=_pooled, prefixes=(wire.API_PREFIX,)
+    WorkerAPIHandler(), executor=_pooled.executor, fallback=_pooled, prefixes=(wire.API_PREFIX,)
 )
 
 from api.observability import ObservabilityMiddleware  # noqa: E402 - needs the app registry

@@ -91,6 +91,22 @@ MIDDLEWARE = [
     "console.middleware.OperatorTimezoneMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+#: What only the console (the admin, operators' browser sessions) needs: static files, sessions,
+#: CSRF, users, messages, the operator's timezone. None of them acts on a worker API request
+#: (the worker views are CSRF-exempt, the console ones skip ``/api/v1/worker/``), so that road
+#: leaves them out in ``manage.py serve`` (``qinglong.handlers.WorkerAPIHandler``).
+CONSOLE_ONLY_MIDDLEWARE = frozenset(
+    {
+        "whitenoise.middleware.WhiteNoiseMiddleware",
+        "api.middleware.ConsoleSessionMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "api.middleware.ConsoleAuthenticationMiddleware",
+        "api.middleware.ConsoleMessageMiddleware",
+        "console.middleware.OperatorTimezoneMiddleware",
+    }
+)
+#: The worker API's middleware: ``MIDDLEWARE`` in its order, less the console's.
+WORKER_API_MIDDLEWARE = [name for name in MIDDLEWARE if name not in CONSOLE_ONLY_MIDDLEWARE]
 
 ROOT_URLCONF = "qinglong.urls"
 WSGI_APPLICATION = "qinglong.wsgi.application"
