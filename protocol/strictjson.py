@@ -183,6 +183,8 @@ def check_depth(text: str, max_depth: int) -> None:
     Linear in ``len(text)``; no recursion whatever the nesting.
     ADR-0012 §4.
     """
+    if text.count("{") + text.count("[") <= max_depth:
+        return  # no more brackets in all than the limit (those in strings too): none nests deeper
     _scan(text, max_depth=max_depth)
 
 

@@ -100,6 +100,27 @@ def test_valid_json_parses_to_what_the_standard_library_reads(value):
     assert strictjson.loads(text.encode("utf-8"), max_depth=64) == json.loads(text)
 
 
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES, st.integers(min_value=1, max_value=6))
+def test_the_depth_check_refuses_exactly_the_values_nested_deeper_than_the_limit(value, max_depth):
+    """With as few brackets as the limit or fewer, the check skips its scan: it must still agree
+    with the value's real depth on both sides of the limit, brackets inside strings included."""
+    text = json.dumps(value, ensure_ascii=False)
+    if _depth(value) > max_depth:
+        with pytest.raises(ProtocolError, match="levels"):
+            strictjson.check_depth(text, max_depth)
+    else:
+        strictjson.check_depth(text, max_depth)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_are_parsed_or_refused_with_a_protocol_error_never_anything_else(data):
