@@ -87,6 +87,8 @@ class Client:
         self.timeout = timeout
         #: Seconds to add to this machine's clock to get the server's (see _learn_clock).
         self.clock_offset = 0.0
+        #: The last ``Date`` header read and the instant it names (parsed once per second).
+        self._last_date: tuple[str, float] = ("", 0.0)
         self._local = threading.local()
         #: Connections of long polls in flight (see :meth:`interrupt`), and those it cut.
         self._waiting: set[http.client.HTTPConnection] = set()
@@ -123,10 +125,13 @@ class Client:
         """
         if not date_header:
             return
-        try:
-            server = email.utils.parsedate_to_datetime(date_header).timestamp()
-        except (TypeError, ValueError):
-            return
+        seen, server = self._last_date
+        if date_header != seen:  # a new second: parse it (the same header is the same instant)
+            try:
+                server = email.utils.parsedate_to_datetime(date_header).timestamp()
+            except (TypeError, ValueError):
+                return
+            self._last_date = (date_header, server)
         self.clock_offset = server - time.time()
 
     def interrupt(self) -> None:
