@@ -94,7 +94,37 @@ def _closing(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 async def run_sync(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a synchronous service in :data:`EXECUTOR` (never on the event loop, never thread-sensitive)."""
+    HUB.used = True  # the pool thread keeps its database connection: released by HUB.release()
     return await sync_to_async(_closing, thread_sensitive=False, executor=EXECUTOR)(fn, *args, **kwargs)
+
+
+def _close_pool_connections(deadline_seconds: float = 20.0) -> None:
+    """Have every thread of :data:`EXECUTOR` close its own database connections (Django's are per
+    thread). One task per thread, held at a barrier until all have started; a thread still busy
+    with a call when a round starts (a wait's check that outlived the shutdown) breaks that round's
+    barrier after 5 s, so rounds repeat until every live thread has closed, or ``deadline_seconds``
+    have passed."""
+    closed: set[int] = set()
+    deadline = time.monotonic() + deadline_seconds
+
+    def close(barrier: threading.Barrier) -> None:
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            pass
+        connections.close_all()
+        closed.add(threading.get_ident())
+
+    while time.monotonic() < deadline:
+        live = {thread.ident for thread in list(EXECUTOR._threads)}  # the executor has no public view
+        if live and live <= closed:
+            return
+        count = max(len(live), 1)
+        barrier = threading.Barrier(count, timeout=5)
+        for future in [EXECUTOR.submit(close, barrier) for _ in range(count)]:
+            future.result()
+        if not live:
+            return
 
 
 class Waiter:
@@ -180,7 +210,8 @@ class WakeHub:
         self.closing = False
         #: Counts ``c:`` wake-ups: a waiter not yet in its group when one came looks again at once.
         self.work_seq = 0
-        #: Whether any request waited here since the last :meth:`release` (tests clean up after it).
+        #: Whether any request waited here or ran a service in the pool since the last
+        #: :meth:`release` (tests clean up after it: a refused wait leaves a pool connection too).
         self.used = False
         #: Set once wake-ups are heard (PostgreSQL: the LISTEN connection is open).
         self.listening = threading.Event()
@@ -220,18 +251,7 @@ class WakeHub:
         self.listening.clear()
         self.closing = False
         self.used = False
-        threads = EXECUTOR._max_workers
-        barrier = threading.Barrier(threads, timeout=5)
-
-        def close() -> None:
-            try:
-                barrier.wait()  # one task per thread: every pool thread closes its own connections
-            except threading.BrokenBarrierError:
-                pass
-            connections.close_all()
-
-        for future in [EXECUTOR.submit(close) for _ in range(threads)]:
-            future.result()
+        _close_pool_connections()
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -547,3 +547,22 @@ def test_a_waiting_claim_for_a_host_this_control_plane_does_not_serve_is_refused
     for method in ("POST", "OPTIONS", "GET"):
         status, body = asyncio.run(ask(method))
         assert (status, body["code"], body["field"]) == (400, "host_not_allowed", "Host"), (method, body)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_claim_refused_in_the_pool_marks_the_hub_for_release():
+    """A refused wait never reaches the hub, but its checks ran in the pool (``api.waiting``),
+    whose thread keeps the connection they opened: the hub counts as used, so the test's release
+    (``tests/conftest.py``) closes it before the test database is dropped."""
+    HUB.release()
+    assert not HUB.used
+
+    async def ask() -> int:
+        request = AsyncRequestFactory().generic(
+            "POST", wire.CLAIM_WAIT, b'{"sessionId": "x"}', content_type="application/json"
+        )
+        response = await claim_wait(request)
+        return response.status_code
+
+    assert asyncio.run(ask()) == 401  # unsigned: refused by the checks, in a pool thread
+    assert HUB.used
