@@ -6,7 +6,7 @@ users, messages, the operator's timezone) and do nothing to a worker request but
 two each. ``WorkerAPIHandler`` builds its chain from ``settings.WORKER_API_MIDDLEWARE`` — the
 same list in the same order without them — so the worker API's answers are the same bytes,
 status and headers (tests/qinglong/test_worker_api_handler.py sends the same requests through
-both) for about 4 % fewer instructions per call (docs/performance.md, "Where the time goes").
+both) for about 5 % fewer instructions per call (docs/performance.md, "Where the time goes").
 Every other path keeps Django's handler and the whole list.
 """
 
