@@ -117,14 +117,11 @@ def _close_pool_connections(deadline_seconds: float = 20.0) -> None:
 
     while time.monotonic() < deadline:
         live = {thread.ident for thread in list(EXECUTOR._threads)}  # the executor has no public view
-        if live and live <= closed:
+        if live <= closed:  # none left open (or the pool never started a thread)
             return
-        count = max(len(live), 1)
-        barrier = threading.Barrier(count, timeout=5)
-        for future in [EXECUTOR.submit(close, barrier) for _ in range(count)]:
+        barrier = threading.Barrier(len(live), timeout=5)
+        for future in [EXECUTOR.submit(close, barrier) for _ in live]:
             future.result()
-        if not live:
-            return
 
 
 class Waiter:
