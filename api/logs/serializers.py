@@ -7,10 +7,11 @@ import base64
 import binascii
 import re
 
-from django.core.validators import ProhibitNullCharactersValidator
+from django.core.validators import MaxLengthValidator, ProhibitNullCharactersValidator
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
+from api import shapes
 from api.base import StrictCharField, StrictIntegerField, StrictSerializer
 from api.leases.serializers import MAX_COUNTER, LeaseFenceSerializer
 from api.query import digits_value
@@ -55,6 +56,29 @@ class Base64Field(StrictCharField):
         if len(decoded) > self.max_bytes:
             raise serializers.ValidationError(f"at most {self.max_bytes} bytes")
         return decoded
+
+
+@shapes.rule(Base64Field)
+def _base64_rule(field: Base64Field) -> shapes.Check | None:
+    # What is left of CharField's validators is the length check, which DRF runs on the decoded
+    # bytes (see Base64Field): at most max_bytes, so never past max_length.
+    found = shapes.validators_of(field, (MaxLengthValidator,))
+    if found is None or field.trim_whitespace or not field.allow_blank:
+        return None
+    limit = min(field.max_bytes, found[MaxLengthValidator].limit_value) if found else field.max_bytes
+
+    def check_base64(value):
+        if type(value) is not str:
+            raise shapes.Defer
+        try:
+            decoded = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise shapes.Defer from None
+        if len(decoded) > limit:
+            raise shapes.Defer
+        return decoded
+
+    return check_base64
 
 
 class LogSegmentSerializer(StrictSerializer):
