@@ -3,14 +3,16 @@
 Usage::
 
     .venv/bin/python bench/instructions.py --pg-url postgres://postgres@127.0.0.1:5432/qinglong_instr \\
-        [--claim-loops 300] [--signed-loops 60]
+        [--claim-loops 300] [--signed-loops 300]
 
 The timed benchmarks (bench-claim, bench-heartbeat) divide by ``pgbench`` to see past the
 machine, but on a shared 2-core machine their figures still move by a fifth between windows of
 one run: a change worth a few per cent cannot be told from the noise by them. Callgrind counts
 the instructions a process executes, the same count whatever else the machine is doing (seen
-twice to the instruction on one machine; counts made at different times differ by about 1.5 %,
-from the rows the loops meet). Two figures, each from two runs of this script's child under
+twice to the instruction on one machine, but not from one child to the next: two children of
+the same code started together differ by up to 36M instructions, in start-up and the warm-up, so
+the measured loops must be many enough to carry that: ±0.12M a signed loop at 300 loops, ±0.6M
+(5 %) at 60). Two figures, each from two runs of this script's child under
 ``valgrind --tool=callgrind``, one with N loops after the warm-up and one with the warm-up
 alone, so that start-up, imports and fixtures cancel out:
 
@@ -162,7 +164,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pg-url", required=True, help="a PostgreSQL database of your own (migrated, wiped)")
     parser.add_argument("--claim-loops", type=int, default=300)
-    parser.add_argument("--signed-loops", type=int, default=60)
+    parser.add_argument("--signed-loops", type=int, default=300)
     parser.add_argument("--child", choices=["claim", "signed"], help=argparse.SUPPRESS)
     parser.add_argument("--loops", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
