@@ -10,8 +10,10 @@ import json
 
 import pytest
 from django.conf import settings
-from django.test import Client
+from django.http import JsonResponse
+from django.test import Client, override_settings
 from django.test.client import ClientHandler
+from django.urls import path
 
 from protocol import strictjson, wire
 from qinglong.handlers import WorkerAPIMiddlewareMixin
@@ -91,3 +93,30 @@ def test_every_kind_of_worker_answer_is_the_same_through_both_chains():
     sized = {"Content-Length"}  # the times in the body may differ in length
     assert [h for h in first[1] if h[0] not in sized] == [h for h in second[1] if h[0] not in sized]
     assert json.loads(first[2]).keys() == json.loads(second[2]).keys()
+
+
+def _echo(request, **kwargs):
+    match = request.resolver_match
+    return JsonResponse({"route": match.route, "match": id(match), **kwargs})
+
+
+urlpatterns = [
+    path("api/v1/worker/fixed", _echo, name="fixed"),
+    path("api/v1/worker/item/<int:number>", _echo, name="item"),
+]
+
+
+def test_the_worker_chain_keeps_a_fixed_paths_match_and_resolves_the_rest_each_time():
+    """A fixed path is resolved once per handler and URLconf: its later requests get the same
+    match. A path with URL arguments is resolved on every request, and a changed ``ROOT_URLCONF``
+    is resolved under its own resolver (the 404s of paths that match nothing: the test above)."""
+    _, lean = _clients()
+    with override_settings(ROOT_URLCONF=__name__):
+        fixed = [lean.get("/api/v1/worker/fixed").json() for _ in range(3)]
+        items = [lean.get(f"/api/v1/worker/item/{number}").json() for number in (1, 1, 2)]
+    assert {answer["route"] for answer in fixed} == {"api/v1/worker/fixed"}
+    assert len({answer["match"] for answer in fixed}) == 1
+    assert [answer["number"] for answer in items] == [1, 1, 2]
+    assert len({answer["match"] for answer in items}) == 3
+    with override_settings(ROOT_URLCONF="qinglong.urls"):
+        assert lean.get("/api/v1/worker/fixed").status_code == 404  # not the other URLconf's match
