@@ -66,9 +66,7 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
-@shapes.rule(StrictIntegerField)
-def _integer_rule(field: StrictIntegerField) -> shapes.Check | None:
-    return shapes.integer_check(field)
+shapes.rule(StrictIntegerField)(shapes.integer_check)
 
 
 class StrictCharField(serializers.CharField):
@@ -105,9 +103,7 @@ class StrictUUIDField(serializers.UUIDField):
         return super().to_internal_value(data)
 
 
-@shapes.rule(StrictCharField)
-def _text_rule(field: StrictCharField) -> shapes.Check | None:
-    return shapes.text_check(field)
+shapes.rule(StrictCharField)(shapes.text_check)
 
 
 @shapes.rule(StrictUUIDField)
@@ -168,7 +164,7 @@ def validated(serializer_class: type[serializers.Serializer], request) -> dict:
         return _shape(serializer_class).run_validation(data)
     except serializers.ValidationError:
         pass
-    serializer = serializer_class(data=request.data)
+    serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
 

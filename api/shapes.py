@@ -198,9 +198,10 @@ def text_check(field: Any) -> Check | None:
             ProhibitSurrogateCharactersValidator,
         ),
     )
-    if found is None or ProhibitNullCharactersValidator not in found:
-        return None
-    if ProhibitSurrogateCharactersValidator not in found:
+    if (
+        found is None
+        or not {ProhibitNullCharactersValidator, ProhibitSurrogateCharactersValidator} <= found.keys()
+    ):
         return None
     allow_blank = field.allow_blank
     high = found[MaxLengthValidator].limit_value if MaxLengthValidator in found else None
@@ -224,6 +225,22 @@ def text_check(field: Any) -> Check | None:
         return value
 
     return check_text
+
+
+def refined_text_check(field: Any, accepts: Callable[[str], object]) -> Check | None:
+    """:func:`text_check`, then ``accepts(value)`` must be true: for a ``StrictCharField``
+    subclass whose ``to_internal_value`` refuses more text (a pattern, a size in bytes)."""
+    text = text_check(field)
+    if text is None:
+        return None
+
+    def check_refined(value: Any) -> str:
+        value = text(value)
+        if not accepts(value):
+            raise Defer
+        return value
+
+    return check_refined
 
 
 @rule(serializers.ChoiceField)

@@ -38,17 +38,7 @@ class LeaseTokenField(StrictCharField):
 
 @shapes.rule(LeaseTokenField)
 def _token_rule(field: LeaseTokenField) -> shapes.Check | None:
-    text = shapes.text_check(field)
-    if text is None:
-        return None
-
-    def check_token(value):
-        value = text(value)
-        if not TOKEN.match(value):
-            raise shapes.Defer
-        return value
-
-    return check_token
+    return shapes.refined_text_check(field, TOKEN.match)
 
 
 class OfferRequestSerializer(StrictSerializer):
@@ -108,17 +98,11 @@ class TailField(StrictCharField):
 
 @shapes.rule(TailField)
 def _tail_rule(field: TailField) -> shapes.Check | None:
-    text = shapes.text_check(field)
-    if text is None:
-        return None
-
-    def check_tail(value):
-        value = text(value)
-        if len(value) * 4 > OUTPUT_TAIL_BYTES and len(value.encode("utf-8")) > OUTPUT_TAIL_BYTES:
-            raise shapes.Defer
-        return value
-
-    return check_tail
+    # Four bytes a character at most: only a long tail needs encoding to be measured.
+    return shapes.refined_text_check(
+        field,
+        lambda text: len(text) * 4 <= OUTPUT_TAIL_BYTES or len(text.encode("utf-8")) <= OUTPUT_TAIL_BYTES,
+    )
 
 
 class NextClaimSerializer(StrictSerializer):
