@@ -7,8 +7,12 @@ What it measures (docs/protocol.md, Benchmarks: a 100k backlog must cost a claim
 * a backlog of exactly N pending runs (N = 1,000 and 100,000), bulk-loaded with two
   ``INSERT … SELECT generate_series`` statements (runs, then their first attempts) — no
   per-row round trips, no events for the fixture rows;
-* C concurrent claimers (C = 1, 4, 16), each a separate OS process with its own database
-  connection, its own worker and session (maximum concurrency 1), all started by one barrier;
+* C concurrent claimers (C = 1, 4, 16), each with its own database connection, its own worker and
+  session (maximum concurrency 1), all started by one barrier, run as ``manage.py serve`` runs
+  claims: on threads of ``SERVE_PROCESSES`` OS processes (2, as deployed: 2 × 8 threads at 16) —
+  the figures of the last line; then the 16 again as 16 processes of one thread each (the shape
+  every run before 2026-12-07 21:00 measured, 16 Python processes on the machine's cores, which no
+  deployment runs), printed beside them so that the series stays comparable;
 * each claimer loops: ``lease_claim`` (one offer, timed) → ``lease_release`` (not timed). The
   release hands the attempt back to the queue under the same number and queue position, so the
   backlog stays at exactly N pending runs for the whole measurement and no worker runs out of
@@ -49,6 +53,9 @@ sys.path.insert(0, str(ROOT))
 BACKLOGS = (1_000, 100_000)
 CONCURRENCY = (1, 4, 16)
 HTTP_TARGET = 0.06  # issue 13: signed-HTTP claim + complete loops per pgbench transaction
+#: The claimers run as ``manage.py serve`` runs claims: on the request threads of its server
+#: processes (bench/heartbeat.py's ``SERVER_PROCESSES``, as deployed; 8 threads each at 16).
+SERVE_PROCESSES = int(os.environ.get("QINGLONG_SERVER_PROCESSES", "2"))
 
 
 def _label(backlog: int) -> str:
@@ -101,6 +108,7 @@ def main() -> int:
         clients = max(CONCURRENCY)
         _pgbench(pgbench, args.pgbench_seconds, clients, "before the in-process claims")
         figures: dict[tuple[int, int], claim_measure.Figures] = {}
+        apart: dict[int, claim_measure.Figures] = {}
         for backlog in BACKLOGS:
             print(f"backlog {backlog:,} pending runs", flush=True)
             claimers = claim_measure.reset_and_load(backlog, clients)
@@ -108,13 +116,13 @@ def main() -> int:
             print(f"  queue page plan: {scan}")
             print(f"  queue page: {execution_ms:.3f} ms, {buffers} shared buffers")
             for concurrency in CONCURRENCY:
-                result = claim_measure.measure(claimers[:concurrency], args.seconds)
-                figures[(backlog, concurrency)] = result
-                print(
-                    f"  c={concurrency:<2} claims/s {result.per_second:8.1f}   p50 {result.p50_ms:7.2f} ms   "
-                    f"p99 {result.p99_ms:7.2f} ms   ({result.claims} claims, {result.empty} empty)",
-                    flush=True,
+                result = claim_measure.measure(
+                    claimers[:concurrency], args.seconds, processes=SERVE_PROCESSES
                 )
+                figures[(backlog, concurrency)] = result
+                _print_point(concurrency, result, _shape(concurrency, SERVE_PROCESSES))
+            apart[backlog] = claim_measure.measure(claimers, args.seconds)
+            _print_point(clients, apart[backlog], f"{clients} processes")
         _pgbench(pgbench, args.pgbench_seconds, clients, "after them")
         in_process_tps = PgBench.bracket(*pgbench.runs[-2:])
         http = None
@@ -143,6 +151,9 @@ def main() -> int:
         f"{big.per_second / in_process_tps:.3f}x (target 0.25x), "
         f"1k {small.per_second / in_process_tps:.3f}x; "
         f"100k/1k {big.per_second / small.per_second:.2f} (target ≥ 0.90); "
+        f"as {clients} processes: 100k {apart[BACKLOGS[1]].per_second / in_process_tps:.3f}x "
+        f"(p99 {apart[BACKLOGS[1]].p99_ms:.1f} ms), "
+        f"1k {apart[BACKLOGS[0]].per_second / in_process_tps:.3f}x; "
         + (
             f"HTTP loops {http_per_second / http_tps:.3f}x (target {HTTP_TARGET}x)"
             if http is not None
@@ -157,6 +168,21 @@ def main() -> int:
         f"http_claim_loops_per_s_c16={http_per_second:.1f} pgbench_tps={sum(runs) / len(runs):.1f}"
     )
     return 0
+
+
+def _shape(concurrency: int, processes: int) -> str:
+    """How ``concurrency`` claimers spread over ``processes`` run: "2 processes × 8 threads"."""
+    count = min(processes, concurrency)
+    threads = -(-concurrency // count)
+    return f"{count} process{'es' if count > 1 else ''} × {threads} thread{'s' if threads > 1 else ''}"
+
+
+def _print_point(concurrency: int, result, shape: str) -> None:
+    print(
+        f"  c={concurrency:<2} claims/s {result.per_second:8.1f}   p50 {result.p50_ms:7.2f} ms   "
+        f"p99 {result.p99_ms:7.2f} ms   ({result.claims} claims, {result.empty} empty; {shape})",
+        flush=True,
+    )
 
 
 def _pgbench(pgbench: PgBench, seconds: int, clients: int, when: str) -> float:

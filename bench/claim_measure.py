@@ -8,6 +8,7 @@ import multiprocessing
 import re
 import secrets
 import statistics
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -208,7 +209,23 @@ def vacuum_churned() -> None:
         cursor.execute(f"VACUUM {CHURNED}")
 
 
-def measure(claimers: list[Claimer], seconds: float) -> Figures:
+def _process(group: list[Claimer], barrier, seconds: float, results) -> None:
+    """One claimer process: its first claimer on this thread, the others on threads of their own,
+    as ``manage.py serve`` runs its claims on the request threads of each server process."""
+    threads = [threading.Thread(target=_claimer, args=(c, barrier, seconds, results)) for c in group[1:]]
+    for thread in threads:
+        thread.start()
+    _claimer(group[0], barrier, seconds, results)
+    for thread in threads:
+        thread.join()
+
+
+def measure(claimers: list[Claimer], seconds: float, *, processes: int | None = None) -> Figures:
+    """Run every claimer's claim → release loop for ``seconds`` at once and sum them up.
+
+    ``processes``: how many OS processes share the claimers (each runs its share on threads, one
+    connection per thread); ``None`` gives each claimer a process of its own. Raises SystemExit
+    when a claimer failed or nothing was claimed."""
     vacuum_churned()
     with connection.cursor() as cursor:
         cursor.execute("CHECKPOINT")  # as bench/pgdb.checkpoint: no timed checkpoint in the window
@@ -216,15 +233,17 @@ def measure(claimers: list[Claimer], seconds: float) -> Figures:
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(len(claimers) + 1)
     results = context.Queue()
-    processes = [context.Process(target=_claimer, args=(c, barrier, seconds, results)) for c in claimers]
-    for process in processes:
-        process.start()
+    count = len(claimers) if processes is None else min(processes, len(claimers))
+    groups = [claimers[i::count] for i in range(count)]
+    children = [context.Process(target=_process, args=(g, barrier, seconds, results)) for g in groups]
+    for child in children:
+        child.start()
     barrier.wait()
     started = time.perf_counter()
-    collected = [results.get(timeout=seconds + 120) for _ in processes]
+    collected = [results.get(timeout=seconds + 120) for _ in claimers]
     wall = time.perf_counter() - started
-    for process in processes:
-        process.join(30)
+    for child in children:
+        child.join(30)
     errors = [error for _, _, error in collected if error]
     if errors:
         raise SystemExit(f"a claimer failed: {errors[0]}")
