@@ -141,6 +141,12 @@ def main() -> int:
             f"{budget:.2f} ms of CPU on {os.cpu_count()} cores, all parties together; "
             f"it cost {http.loop_cpu_ms:.2f} ms"
         )
+    for warning in (
+        PgBench.unsteady(*runs[:2], "the in-process claims"),
+        PgBench.unsteady(*runs[-2:], "the HTTP loops") if http is not None else None,
+    ):
+        if warning:
+            print(f"  {warning}")
     big, small = figures[(BACKLOGS[1], clients)], figures[(BACKLOGS[0], clients)]
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(

@@ -477,6 +477,9 @@ def _measure(args: argparse.Namespace, env: dict[str, str], timings, pgbench: Pg
             f"after them: {after:.1f} tps; "
             f"the ratios divide by the mean of the two, {tps:.1f} tps"
         )
+        warning = PgBench.unsteady(pgbench.runs[0], after, "the heartbeats")
+        if warning:
+            say(warning)
         say(
             f"ratios: heartbeats/s to pgbench {rate / tps:.3f}x (target 0.15x); WAL of an unchanged "
             f"heartbeat to a naive update {per_beat / per_naive:.3f} (target ≤ 0.3); load average {load}"

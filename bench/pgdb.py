@@ -25,6 +25,11 @@ def admin_connect(url: str):
     )
 
 
+#: Two pgbench runs around a figure further apart than this share of the larger mark the window
+#: unsteady (:meth:`PgBench.unsteady`): back-to-back runs of pgbench alone spread by about a tenth.
+UNSTEADY = 0.25
+
+
 def dbname(url: str) -> str:
     """The database name in a postgres:// URL."""
     return urlsplit(url).path.lstrip("/")
@@ -108,3 +113,16 @@ class PgBench:
     def bracket(before: float, after: float) -> float:
         """The rate a figure measured between two runs is divided by: their mean (tps)."""
         return (before + after) / 2
+
+    @staticmethod
+    def unsteady(before: float, after: float, what: str) -> str | None:
+        """A warning when the two runs around ``what`` differ by more than ``UNSTEADY`` of the larger
+        (the machine changed speed inside the window, so its ratio says little), else None."""
+        larger = max(before, after)
+        if larger <= 0 or (larger - min(before, after)) / larger <= UNSTEADY:
+            return None
+        return (
+            f"warning: pgbench gave {before:.0f} tps before {what} and {after:.0f} after "
+            f"({100 * (larger - min(before, after)) / larger:.0f} % apart): the machine changed speed "
+            "inside this window; do not compare its ratios with another run's"
+        )
