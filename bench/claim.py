@@ -8,11 +8,13 @@ What it measures (docs/protocol.md, Benchmarks: a 100k backlog must cost a claim
   ``INSERT … SELECT generate_series`` statements (runs, then their first attempts) — no
   per-row round trips, no events for the fixture rows;
 * C concurrent claimers (C = 1, 4, 16), each with its own database connection, its own worker and
-  session (maximum concurrency 1), all started by one barrier, run as ``manage.py serve`` runs
-  claims: on threads of ``SERVE_PROCESSES`` OS processes (2, as deployed: 2 × 8 threads at 16) —
-  the figures of the last line; then the 16 again as 16 processes of one thread each (the shape
-  every run before 2026-12-07 21:00 measured, 16 Python processes on the machine's cores, which no
-  deployment runs), printed beside them so that the series stays comparable;
+  session (maximum concurrency 1), all started by one barrier, run the way ``manage.py serve``
+  runs claims: on threads of ``SERVE_PROCESSES`` OS processes (2, as deployed: 2 × 8 threads at
+  16; each thread keeps a plain connection, where serve's threads share a pool, and no event loop
+  runs beside them) — the figures of the last line; then, always right after them, the 16 again
+  as 16 processes of one thread each (the shape every run before 2026-12-07 21:00 measured, 16
+  Python processes on the machine's cores, which no deployment runs), printed beside them so that
+  the series stays comparable;
 * each claimer loops: ``lease_claim`` (one offer, timed) → ``lease_release`` (not timed). The
   release hands the attempt back to the queue under the same number and queue position, so the
   backlog stays at exactly N pending runs for the whole measurement and no worker runs out of
@@ -32,7 +34,8 @@ What it measures (docs/protocol.md, Benchmarks: a 100k backlog must cost a claim
 
 The benchmark database is wiped (every QingLong table truncated) before each backlog: point it at
 a database that holds nothing you want. The last line is machine-readable; its ``pgbench_tps`` is
-the mean of the three runs.
+the mean of the runs (three, or two with ``--skip-http``). When the two runs around a figure are
+more than ``pgdb.UNSTEADY`` apart, a warning above the ratios says that window cannot be compared.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ HTTP_TARGET = 0.06  # issue 13: signed-HTTP claim + complete loops per pgbench t
 #: The claimers run as ``manage.py serve`` runs claims: on the request threads of its server
 #: processes (bench/heartbeat.py's ``SERVER_PROCESSES``, as deployed; 8 threads each at 16).
 SERVE_PROCESSES = int(os.environ.get("QINGLONG_SERVER_PROCESSES", "2"))
+if SERVE_PROCESSES < 1:
+    raise SystemExit(f"QINGLONG_SERVER_PROCESSES must be at least 1, not {SERVE_PROCESSES}")
 
 
 def _label(backlog: int) -> str:
@@ -177,10 +182,13 @@ def main() -> int:
 
 
 def _shape(concurrency: int, processes: int) -> str:
-    """How ``concurrency`` claimers spread over ``processes`` run: "2 processes × 8 threads"."""
+    """How ``concurrency`` claimers spread over ``processes`` run (``claim_measure.measure`` deals
+    them out in turn): "2 processes × 8 threads", or "3 processes × 6/5/5 threads"."""
     count = min(processes, concurrency)
-    threads = -(-concurrency // count)
-    return f"{count} process{'es' if count > 1 else ''} × {threads} thread{'s' if threads > 1 else ''}"
+    sizes = sorted((len(range(i, concurrency, count)) for i in range(count)), reverse=True)
+    threads = str(sizes[0]) if len(set(sizes)) == 1 else "/".join(map(str, sizes))
+    plural = "s" if concurrency > count else ""
+    return f"{count} process{'es' if count > 1 else ''} × {threads} thread{plural}"
 
 
 def _print_point(concurrency: int, result, shape: str) -> None:

@@ -238,7 +238,12 @@ def measure(claimers: list[Claimer], seconds: float, *, processes: int | None = 
     children = [context.Process(target=_process, args=(g, barrier, seconds, results)) for g in groups]
     for child in children:
         child.start()
-    barrier.wait()
+    try:
+        barrier.wait(timeout=120)  # a child that died before it would otherwise hang the run
+    except threading.BrokenBarrierError:
+        for child in children:
+            child.kill()
+        raise SystemExit("the claimer processes did not all start within 120 s") from None
     started = time.perf_counter()
     collected = [results.get(timeout=seconds + 120) for _ in claimers]
     wall = time.perf_counter() - started

@@ -123,6 +123,6 @@ class PgBench:
             return None
         return (
             f"warning: pgbench gave {before:.0f} tps before {what} and {after:.0f} after "
-            f"({100 * (larger - min(before, after)) / larger:.0f} % apart): the machine changed speed "
+            f"({100 * (larger - min(before, after)) / larger:.1f} % apart): the machine changed speed "
             "inside this window; do not compare its ratios with another run's"
         )
