@@ -9,12 +9,12 @@ What it measures (docs/protocol.md, Benchmarks: a 100k backlog must cost a claim
   per-row round trips, no events for the fixture rows;
 * C concurrent claimers (C = 1, 4, 16), each with its own database connection, its own worker and
   session (maximum concurrency 1), all started by one barrier, run the way ``manage.py serve``
-  runs claims: on threads of ``SERVE_PROCESSES`` OS processes (2, as deployed: 2 × 8 threads at
-  16; each thread keeps a plain connection, where serve's threads share a pool, and no event loop
-  runs beside them) — the figures of the last line; then, always right after them, the 16 again
-  as 16 processes of one thread each (the shape every run before 2026-12-07 21:00 measured, 16
-  Python processes on the machine's cores, which no deployment runs), printed beside them so that
-  the series stays comparable;
+  runs claims: on threads of bench/heartbeat.py's ``SERVER_PROCESSES`` OS processes (2, as
+  deployed: 2 × 8 threads at 16; each thread keeps a plain connection, where serve's threads share
+  a pool, and no event loop runs beside them) — the figures of the last line; then, always right
+  after them, the 16 again as 16 processes of one thread each (the shape every run before
+  2026-12-07 21:00 measured, 16 Python processes on the machine's cores, which no deployment
+  runs), printed beside them so that the series stays comparable;
 * each claimer loops: ``lease_claim`` (one offer, timed) → ``lease_release`` (not timed). The
   release hands the attempt back to the queue under the same number and queue position, so the
   backlog stays at exactly N pending runs for the whole measurement and no worker runs out of
@@ -56,11 +56,6 @@ sys.path.insert(0, str(ROOT))
 BACKLOGS = (1_000, 100_000)
 CONCURRENCY = (1, 4, 16)
 HTTP_TARGET = 0.06  # issue 13: signed-HTTP claim + complete loops per pgbench transaction
-#: The claimers run as ``manage.py serve`` runs claims: on the request threads of its server
-#: processes (bench/heartbeat.py's ``SERVER_PROCESSES``, as deployed; 8 threads each at 16).
-SERVE_PROCESSES = int(os.environ.get("QINGLONG_SERVER_PROCESSES", "2"))
-if SERVE_PROCESSES < 1:
-    raise SystemExit(f"QINGLONG_SERVER_PROCESSES must be at least 1, not {SERVE_PROCESSES}")
 
 
 def _label(backlog: int) -> str:
@@ -103,6 +98,10 @@ def main() -> int:
     setup_django(args.pg_url)
     import claim_measure  # noqa: PLC0415  (it imports Django models: only after django.setup())
     import http_claims  # noqa: PLC0415  (the same)
+    from heartbeat import SERVER_PROCESSES  # noqa: PLC0415  (the same; the processes serve runs)
+
+    if SERVER_PROCESSES < 1:
+        raise SystemExit(f"QINGLONG_SERVER_PROCESSES must be at least 1, not {SERVER_PROCESSES}")
 
     call_command("migrate", verbosity=0)
     print(
@@ -122,12 +121,12 @@ def main() -> int:
             print(f"  queue page: {execution_ms:.3f} ms, {buffers} shared buffers")
             for concurrency in CONCURRENCY:
                 result = claim_measure.measure(
-                    claimers[:concurrency], args.seconds, processes=SERVE_PROCESSES
+                    claimers[:concurrency], args.seconds, processes=SERVER_PROCESSES
                 )
                 figures[(backlog, concurrency)] = result
-                _print_point(concurrency, result, _shape(concurrency, SERVE_PROCESSES))
+                _print_point(concurrency, result)
             apart[backlog] = claim_measure.measure(claimers, args.seconds)
-            _print_point(clients, apart[backlog], f"{clients} processes")
+            _print_point(clients, apart[backlog])
         _pgbench(pgbench, args.pgbench_seconds, clients, "after them")
         in_process_tps = PgBench.bracket(*pgbench.runs[-2:])
         http = None
@@ -181,20 +180,10 @@ def main() -> int:
     return 0
 
 
-def _shape(concurrency: int, processes: int) -> str:
-    """How ``concurrency`` claimers spread over ``processes`` run (``claim_measure.measure`` deals
-    them out in turn): "2 processes × 8 threads", or "3 processes × 6/5/5 threads"."""
-    count = min(processes, concurrency)
-    sizes = sorted((len(range(i, concurrency, count)) for i in range(count)), reverse=True)
-    threads = str(sizes[0]) if len(set(sizes)) == 1 else "/".join(map(str, sizes))
-    plural = "s" if concurrency > count else ""
-    return f"{count} process{'es' if count > 1 else ''} × {threads} thread{plural}"
-
-
-def _print_point(concurrency: int, result, shape: str) -> None:
+def _print_point(concurrency: int, result) -> None:
     print(
         f"  c={concurrency:<2} claims/s {result.per_second:8.1f}   p50 {result.p50_ms:7.2f} ms   "
-        f"p99 {result.p99_ms:7.2f} ms   ({result.claims} claims, {result.empty} empty; {shape})",
+        f"p99 {result.p99_ms:7.2f} ms   ({result.claims} claims, {result.empty} empty; {result.shape})",
         flush=True,
     )
 

@@ -189,6 +189,8 @@ class Figures:
     wall_seconds: float
     p50_ms: float
     p99_ms: float
+    #: How the claimers ran: "2 processes × 8 threads", "16 processes".
+    shape: str
 
     @property
     def per_second(self) -> float:
@@ -207,6 +209,12 @@ def vacuum_churned() -> None:
     ``pgbench`` vacuums its own tables before each run (docs/performance.md, "Method")."""
     with connection.cursor() as cursor:
         cursor.execute(f"VACUUM {CHURNED}")
+
+
+def _shape(groups: list[list[Claimer]]) -> str:
+    sizes = sorted({len(group) for group in groups}, reverse=True)
+    threads = "" if sizes == [1] else f" × {'/'.join(map(str, sizes))} threads"
+    return f"{len(groups)} process{'es' if len(groups) > 1 else ''}{threads}"
 
 
 def _process(group: list[Claimer], barrier, seconds: float, results) -> None:
@@ -258,4 +266,4 @@ def measure(claimers: list[Claimer], seconds: float, *, processes: int | None = 
     if claims == 0:
         raise SystemExit("no claim succeeded")
     p99 = latencies[min(len(latencies) - 1, int(round(0.99 * (len(latencies) - 1))))]
-    return Figures(claims, empty, wall, statistics.median(latencies) * 1000, p99 * 1000)
+    return Figures(claims, empty, wall, statistics.median(latencies) * 1000, p99 * 1000, _shape(groups))

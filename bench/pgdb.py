@@ -119,10 +119,11 @@ class PgBench:
         """A warning when the two runs around ``what`` differ by more than ``UNSTEADY`` of the larger
         (the machine changed speed inside the window, so its ratio says little), else None."""
         larger = max(before, after)
-        if larger <= 0 or (larger - min(before, after)) / larger <= UNSTEADY:
+        apart = abs(before - after) / larger if larger > 0 else 0.0
+        if apart <= UNSTEADY:
             return None
         return (
             f"warning: pgbench gave {before:.0f} tps before {what} and {after:.0f} after "
-            f"({100 * (larger - min(before, after)) / larger:.1f} % apart): the machine changed speed "
+            f"({100 * apart:.1f} % apart): the machine changed speed "
             "inside this window; do not compare its ratios with another run's"
         )
