@@ -205,7 +205,8 @@ def _http_loops(http_claims, args: argparse.Namespace, clients: int):
         f"  c={clients} loops/s {http.per_second:8.1f}   p50 {http.p50_ms:7.2f} ms   "
         f"p99 {http.p99_ms:7.2f} ms   "
         f"({http.loops} loops, {http.empty} empty claims; 3 signed calls per loop, "
-        f"and a claim for each worker's first)",
+        f"and a claim for each worker's first; after {http_claims.WARM_UP_SECONDS:g} s of "
+        f"{http.warm_up_loops} warm-up loops, not counted)",
         flush=True,
     )
     per_loop = http.cpu.per_loop_ms(http.loops)

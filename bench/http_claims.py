@@ -7,8 +7,15 @@ exactly as the agent does with ``agent.client``) loops over the whole life of an
 offer → starting ACK → running ACK → complete ``succeeded``, the completion carrying the next
 claim as the agent's does (docs/leases.md, "The next claim") — three signed calls per attempt
 while the backlog lasts, and a claim of its own only for a worker's first. A loop completes a
-run, so the backlog is sized to outlast the measurement. Imported by bench/claim.py once
-``django.setup()`` has run (it loads the backlog through ``claim_measure``).
+run, so the backlog is sized to outlast the measurement.
+
+The loops run ``WARM_UP_SECONDS`` before the measured window opens, uncounted: each server thread
+opens its database and Redis connections and fills its caches on its first requests (from three
+fresh servers, the first second's loops were 8, 14 and 23 % fewer than the next seven seconds'
+mean), and ``pgbench`` too opens its connections before its clock starts. A loop counts when
+it begins inside the window; the window closes when the last loop begun in it has ended.
+Imported by bench/claim.py once ``django.setup()`` has run (it loads the backlog through
+``claim_measure``).
 
 Where the cores went (bench/cpu.py, read from ``/proc`` when the loops start and when they end):
 the server's process tree (``manage.py serve``, its Granian workers: Python), the PostgreSQL
@@ -36,6 +43,9 @@ from agent.client import ApiError
 from protocol import wire
 from protocol.ids import uuid7
 
+#: Seconds of loops before the measured window (module docstring).
+WARM_UP_SECONDS = 2.0
+
 
 @dataclass(frozen=True)
 class CpuSplit:
@@ -61,6 +71,7 @@ class CpuSplit:
 class HttpFigures:
     loops: int
     empty: int
+    warm_up_loops: int
     wall_seconds: float
     p50_ms: float
     p99_ms: float
@@ -156,24 +167,26 @@ def measure(pg_url: str, *, clients: int, seconds: float, backlog: int) -> HttpF
         workers = hb.enroll_workers(url, heartbeat_tokens.issue_tokens(clients, secrets.token_hex(3)))
         claim_measure.vacuum_churned()  # as before every in-process window
         start = threading.Barrier(len(workers) + 1)
-        deadline: list[float] = []
+        window: list[float] = []  # when the measured window opens and when no loop may begin
         errors: list[str] = []
-        done: list[tuple[list[float], int]] = []
+        done: list[tuple[list[float], int, int]] = []
 
         def run(worker: hb.BenchWorker) -> None:
             latencies: list[float] = []
-            empty = 0
+            empty = warm_up = 0
             start.wait()
             try:
-                while time.perf_counter() < deadline[0]:
-                    began = time.perf_counter()
-                    if _loop(worker):
+                while (began := time.perf_counter()) < window[1]:
+                    found = _loop(worker)
+                    if began < window[0]:
+                        warm_up += 1
+                    elif found:
                         latencies.append(time.perf_counter() - began)
                     else:
                         empty += 1
             except ApiError as exc:
                 errors.append(str(exc))
-            done.append((latencies, empty))
+            done.append((latencies, empty, warm_up))
 
         threads = [threading.Thread(target=run, args=(w,)) for w in workers]
         for thread in threads:
@@ -189,17 +202,19 @@ def measure(pg_url: str, *, clients: int, seconds: float, backlog: int) -> HttpF
                 "machine": cpu.machine_busy(),
             }
 
-        deadline.append(time.perf_counter() + seconds)
+        opens = time.perf_counter() + WARM_UP_SECONDS
+        window.extend([opens, opens + seconds])
+        start.wait()
+        time.sleep(max(0.0, opens - time.perf_counter()))
         began = time.perf_counter()
         before = reading()
-        start.wait()
         for thread in threads:
             thread.join()
         wall = time.perf_counter() - began
         after = reading()
         if errors:
             raise SystemExit(f"{len(errors)} HTTP loops failed, first: {errors[0]}")
-        latencies = sorted(x for lat, _ in done for x in lat)
+        latencies = sorted(x for lat, _, _ in done for x in lat)
         if not latencies:
             raise SystemExit("no HTTP claim loop succeeded")
         p99 = latencies[min(len(latencies) - 1, int(round(0.99 * (len(latencies) - 1))))]
@@ -214,7 +229,8 @@ def measure(pg_url: str, *, clients: int, seconds: float, backlog: int) -> HttpF
         )
         return HttpFigures(
             len(latencies),
-            sum(e for _, e in done),
+            sum(e for _, e, _ in done),
+            sum(w for _, _, w in done),
             wall,
             statistics.median(latencies) * 1000,
             p99 * 1000,
