@@ -206,7 +206,8 @@ def _http_loops(http_claims, args: argparse.Namespace, clients: int):
         f"p99 {http.p99_ms:7.2f} ms   "
         f"({http.loops} loops, {http.empty} empty claims; 3 signed calls per loop, "
         f"and a claim for each worker's first; after {http_claims.WARM_UP_SECONDS:g} s of "
-        f"{http.warm_up_loops} warm-up loops, not counted)",
+        f"{http.warm_up_loops} warm-up loops ({http.warm_up_loops / http_claims.WARM_UP_SECONDS:.0f}/s), "
+        "not counted)",
         flush=True,
     )
     per_loop = http.cpu.per_loop_ms(http.loops)
