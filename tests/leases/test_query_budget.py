@@ -4,10 +4,11 @@ completion, heartbeat and log append.
 A regression that adds round trips fails here, on both stores. PostgreSQL answers a successful
 claim, starting and running ACK, renew, release, completion, heartbeat and log append with one
 statement each (the functions of migrations leases 0004, 0006, 0007 and 0010,
-``actions.sessions.heartbeat`` and migration logs 0003), the release and the completion with one
+``actions.sessions.heartbeat`` and migration logs 0003); the release and the completion send one
 more after their commit for their wake-ups while some process holds waiting claims
-(``core.wakeups``: counted here, since a hub of an earlier test may still listen); SQLite (one
-process) keeps its ORM paths, whose budgets are today's counts. Transaction control
+(``core.wakeups``), which is counted apart — at most one, whether or not a hub of an earlier test
+still listens — so that the path's own budget stays exact. SQLite (one process) keeps its ORM
+paths, whose budgets are today's counts, and wakes its waiters in process. Transaction control
 (BEGIN/COMMIT/SAVEPOINT) is not counted: it is not a statement the path chose. The claim budget
 is taken once the process has learnt the session's capability digest, the placement class and
 the revision's spec template, the completion's once it has read the revision's policy (a process
@@ -26,23 +27,32 @@ from actions.leases import completion
 from actions.leases.claims import OfferRequest
 from actions.leases.next_claim import lease_complete_and_claim
 from actions.sessions.heartbeat import session_heartbeat
-from tests.helpers import OfferTicket, enqueue, enrolled_worker, make_revision, register, repository_queries
+from protocol import wire
+from tests.helpers import (
+    OfferTicket,
+    SignedClient,
+    enqueue,
+    enrolled_worker,
+    make_revision,
+    register,
+    repository_queries,
+)
 from tests.leases.flows import claim_one, complete, release, renew, running, start, starting
 from tests.leases.flows import completion as completion_of
 from tests.logs.flows import append_segments
 
 pytestmark = pytest.mark.django_db
 
-#: (PostgreSQL, SQLite) statements per call.
+#: (PostgreSQL, SQLite) statements per call, its wake-ups (``WAKE_UP``) not counted.
 BUDGETS = {
     "claim": (1, 15),
-    "release": (2, 14),  # PostgreSQL: + its wake-ups after the commit, while some process listens
+    "release": (1, 14),
     "starting": (1, 11),
     "running": (1, 13),
     "renew": (1, 10),
-    "complete": (2, 14),  # PostgreSQL: + its wake-up (as the release)
-    "complete_learning": (3, 14),  # PostgreSQL: the running ACK went to another replica
-    "complete_and_claim": (2, 29),  # PostgreSQL: both in one call (leases 0017) + its wake-up
+    "complete": (1, 14),
+    "complete_learning": (2, 14),  # PostgreSQL: the running ACK went to another replica
+    "complete_and_claim": (1, 29),  # PostgreSQL: both in one call (leases 0017)
     "heartbeat": (1, 2),
     "heartbeat_write": (1, 7),
     "append_first": (2, 12),  # the first chunk of an attempt in this process (PostgreSQL: + its state)
@@ -54,11 +64,19 @@ def budget(name: str) -> int:
     return BUDGETS[name][0 if connection.vendor == "postgresql" else 1]
 
 
+#: What only the wake-up statement sends (``core.wakeups``, PostgreSQL).
+WAKE_UP = "pg_notify("
+
+
 def counted(action):
-    """(result, statements) of ``action``, the wake-ups it sends once committed included."""
+    """(result, statements) of ``action`` once its on-commit work ran, less its wake-up statement;
+    fails if it sent more than one (PostgreSQL) or any (SQLite)."""
     with CaptureQueriesContext(connection) as queries, TestCase.captureOnCommitCallbacks(execute=True):
         result = action()
-    return result, repository_queries(queries)
+    statements = repository_queries(queries)
+    wake_ups = [sql for sql in statements if WAKE_UP in sql]
+    assert len(wake_ups) <= (1 if connection.vendor == "postgresql" else 0), wake_ups
+    return result, [sql for sql in statements if WAKE_UP not in sql]
 
 
 @pytest.fixture
@@ -155,3 +173,20 @@ def test_a_log_append_stays_within_its_budget(warm):
     )
     assert (later.status, later.stored_bytes) == ("stored", 8)
     assert len(statements) <= budget("append"), statements
+
+
+def test_a_warm_signed_heartbeat_over_http_sends_only_its_own_statement(client):
+    """The whole signed request — authentication, the principal binding, the view — once this
+    process knows the credential: the heartbeat's statement is all it sends (no per-request
+    connection check, no credential or session-owner read; the replay store's nonce aside)."""
+    worker = enrolled_worker()
+    session = register(worker, max_concurrent=2)
+    api = SignedClient(client, worker)
+    body = {**session.fence(), "expectedVersion": session.version, "availableSlots": 2}
+    warm = api.post(wire.SESSION_HEARTBEAT, body)
+    assert warm.status_code == 200, warm.json()
+    with CaptureQueriesContext(connection) as queries:
+        answer = api.post(wire.SESSION_HEARTBEAT, body)
+    assert answer.status_code == 200, answer.json()
+    statements = repository_queries(queries)
+    assert len(statements) <= budget("heartbeat"), statements
