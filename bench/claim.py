@@ -127,6 +127,10 @@ def main() -> int:
                 _print_point(concurrency, result)
             apart[backlog] = claim_measure.measure(claimers, args.seconds)
             _print_point(clients, apart[backlog])
+        print(f"backlog {BACKLOGS[0]:,} pending runs again, after the larger one", flush=True)
+        claimers = claim_measure.reset_and_load(BACKLOGS[0], clients)
+        small_again = claim_measure.measure(claimers, args.seconds, processes=SERVER_PROCESSES)
+        _print_point(clients, small_again)
         _pgbench(pgbench, args.pgbench_seconds, clients, "after them")
         in_process_tps = PgBench.bracket(*pgbench.runs[-2:])
         http = None
@@ -151,7 +155,10 @@ def main() -> int:
     ):
         if warning:
             print(f"  {warning}")
-    big, small = figures[(BACKLOGS[1], clients)], figures[(BACKLOGS[0], clients)]
+    big = figures[(BACKLOGS[1], clients)]
+    # The small backlog's figure is the mean of its point before the large backlog and the one
+    # after it: a machine that drifts between the points moves both sides of 100k/1k alike.
+    small = (figures[(BACKLOGS[0], clients)].per_second + small_again.per_second) / 2
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"ratios to pgbench (each to the mean of the runs before and after it: in-process "
@@ -159,8 +166,8 @@ def main() -> int:
         + (f", HTTP {http_tps:.0f} tps" if http is not None else "")
         + "): in-process c16 100k "
         f"{big.per_second / in_process_tps:.3f}x (target 0.25x), "
-        f"1k {small.per_second / in_process_tps:.3f}x; "
-        f"100k/1k {big.per_second / small.per_second:.2f} (target ≥ 0.90); "
+        f"1k {small / in_process_tps:.3f}x; "
+        f"100k/1k {big.per_second / small:.2f} (target 0.90–1.10); "
         f"as {clients} processes: 100k {apart[BACKLOGS[1]].per_second / in_process_tps:.3f}x "
         f"(p99 {apart[BACKLOGS[1]].p99_ms:.1f} ms), "
         f"1k {apart[BACKLOGS[0]].per_second / in_process_tps:.3f}x; "
@@ -173,7 +180,7 @@ def main() -> int:
     )
     print(
         f"claims_per_s_c16_{_label(BACKLOGS[1])}={big.per_second:.1f} "
-        f"claims_per_s_c16_{_label(BACKLOGS[0])}={small.per_second:.1f} "
+        f"claims_per_s_c16_{_label(BACKLOGS[0])}={small:.1f} "
         f"claim_p99_ms_c16_{_label(BACKLOGS[1])}={big.p99_ms:.2f} "
         f"http_claim_loops_per_s_c16={http_per_second:.1f} pgbench_tps={sum(runs) / len(runs):.1f}"
     )
