@@ -52,6 +52,7 @@ bracket the heartbeats (``pgdb.PgBench``; the WAL is measured before the second 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import secrets
@@ -421,7 +422,7 @@ def _measure(args: argparse.Namespace, env: dict[str, str], timings, pgbench: Pg
         workers = enroll_workers(url, heartbeat_tokens.issue_tokens(args.clients, secrets.token_hex(3)))
         rate, latencies = throughput(workers, args.heartbeats)
         p50 = statistics.median(latencies) * 1000
-        p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
+        p99 = latencies[math.ceil(len(latencies) * 0.99) - 1] * 1000  # nearest rank
         say(
             f"throughput: {len(latencies)} unchanged heartbeats from {args.clients} workers "
             f"over signed HTTP: {rate:.0f} heartbeats/s (latency p50 {p50:.1f} ms, p99 {p99:.1f} ms)"
