@@ -9,6 +9,7 @@ import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.db import connection
 
 from protocol import strictjson, wire
 from tests.helpers import SignedClient, heartbeat, refused, send, signed_headers
@@ -91,3 +92,17 @@ def test_failed_authentications_never_lock_out_a_correctly_signed_worker(
     )
     # the same address, correctly signed: always let through
     assert SignedClient(client, worker).post(wire.SESSION_HEARTBEAT, heartbeat(session)).status_code == 200
+
+
+@pytest.mark.postgres
+def test_the_nonce_store_writes_only_the_indexes_its_lookups_use():
+    """A signed request of the standalone profile inserts one nonce row: its primary key is the
+    replay check and ``expires_at`` the pruning; no pattern index beside the key (workers 0008)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = %s ORDER BY indexname",
+            [ReplayNonce._meta.db_table],
+        )
+        definitions = [row[0] for row in cursor.fetchall()]
+    assert len(definitions) == 2, definitions
+    assert not any("pattern_ops" in definition for definition in definitions), definitions
